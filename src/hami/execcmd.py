@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import shutil
 import stat
 import sys
@@ -99,84 +100,185 @@ class Plan:
 
 
 _PRIVATE_DIR_MODE = 0o700  # `<tmp>/hami-exec-<uid>`: this user's regions only
-_SHARED_DIR_MODE = 0o1777  # `<tmp>/hami-exec` (--shared): every user's, sticky
+_SHARED_DIR_MODE = 0o1777  # `<tmp>/hami-exec` (--shared): root's, every user's, sticky
 _PRIVATE_REGION_MODE = 0o600
 _SHARED_REGION_MODE = 0o644  # peers only read it (HAMI_PEER_REGIONS maps it read-only)
 _DIR_HINT = "set TMPDIR to a directory of your own or name a region with --cache FILE"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_REGION_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_REGION_TRIES = 100
 
 
-def _exec_dir(shared: bool = False) -> Path:
-    """The directory of a fresh region: `<tmp>/hami-exec-<uid>` (this user's, 0700), or with
-    --shared the machine-wide `<tmp>/hami-exec` (sticky, world-writable), where tasks of every
-    user see each other's priority. Either is used only when it is what it should be, checked
-    without following a symbolic link: a directory (not a link to one), owned by this user (or,
-    the shared one, by root), not writable by others unless sticky. Another local user who made
-    it first could otherwise swap the names in it (found by review, 1 Dec)."""
+def _shared_hint(d: str) -> str:
+    return (
+        f"it must be made by root, mode 1777 (sticky): `install -d -m 1777 -o root -g root {d}`, "
+        f"or at every boot with the systemd tmpfiles.d line `d {d} 1777 root root -`"
+    )
+
+
+def _tmp_source() -> str:
+    tmpdir = os.environ.get("TMPDIR")
+    return f"TMPDIR={tmpdir!r}" if tmpdir else "TMPDIR unset"
+
+
+def _open_trusted_tmp(tmp: str) -> int:
+    """A descriptor of the temporary directory `tmp` (absolute, links resolved), opened one
+    component at a time from `/` without following a link, each directory checked on the way:
+    owned by root or by this user, and not writable by others unless sticky. Its owner or, when
+    not sticky, anyone who can write to it can rename an entry, so an untrusted one could swap
+    our region directory for theirs between its check and the region's creation (root run with
+    another user's TMPDIR, `sudo -E`; found by review, 1 Dec). Refused, not replaced by /tmp:
+    the caller asked for that TMPDIR, and a silent fallback would hide the problem."""
     uid = os.getuid()
-    name = "hami-exec" if shared else f"hami-exec-{uid}"
-    d = Path(tempfile.gettempdir()) / name
-    label = "--shared: directory" if shared else "region directory"
+    at = "/"
+    fd = -1
     try:
-        os.mkdir(d, _SHARED_DIR_MODE if shared else _PRIVATE_DIR_MODE)
-    except FileExistsError:
-        pass
+        fd = os.open(at, _DIR_FLAGS)
+        for part in [""] + [p for p in tmp.split("/") if p]:
+            if part:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+                at = os.path.join(at, part)
+            st = os.fstat(fd)
+            if st.st_uid not in (0, uid):
+                why = f"{at!r} is owned by uid {st.st_uid}, not by root or uid {uid}"
+            elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                why = f"{at!r} is writable by others without the sticky bit (mode {oct(stat.S_IMODE(st.st_mode))})"
+            else:
+                continue
+            raise ExecError(
+                f"temporary directory {tmp!r} ({_tmp_source()}): {why}, refused: another user could swap "
+                f"the region directory in it ({_DIR_HINT})"
+            )
     except OSError as exc:
-        raise ExecError(f"{label} {str(d)!r}: cannot create: {exc.strerror} ({_DIR_HINT})") from exc
-    try:
-        st = os.lstat(d)
-    except OSError as exc:
-        raise ExecError(f"{label} {str(d)!r}: {exc.strerror} ({_DIR_HINT})") from exc
-    if stat.S_ISLNK(st.st_mode):
-        raise ExecError(f"{label} {str(d)!r}: is a symbolic link, refused ({_DIR_HINT})")
-    if not stat.S_ISDIR(st.st_mode):
-        raise ExecError(f"{label} {str(d)!r}: not a directory (mode {oct(st.st_mode)}), refused ({_DIR_HINT})")
-    if st.st_uid != uid and (not shared or st.st_uid != 0):
-        owners = f"uid {uid} or root" if shared else f"uid {uid}"
-        raise ExecError(f"{label} {str(d)!r}: owned by uid {st.st_uid}, not by {owners}, refused ({_DIR_HINT})")
-    try:
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ExecError(f"{label} {str(d)!r}: cannot open: {exc.strerror} ({_DIR_HINT})") from exc
-    try:
-        fst = os.fstat(fd)
-        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-            raise ExecError(f"{label} {str(d)!r}: replaced while being checked, refused ({_DIR_HINT})")
-        mode = fst.st_mode
-        if fst.st_uid == uid:  # ours: set its mode (mkdir's was less the umask), through the descriptor
-            os.fchmod(fd, _SHARED_DIR_MODE if shared else _PRIVATE_DIR_MODE)
-            mode = os.fstat(fd).st_mode
-    except OSError as exc:
-        raise ExecError(f"{label} {str(d)!r}: cannot set its mode: {exc.strerror} ({_DIR_HINT})") from exc
-    finally:
-        os.close(fd)
-    if mode & 0o022 and not mode & stat.S_ISVTX:
+        if fd >= 0:
+            os.close(fd)
         raise ExecError(
-            f"{label} {str(d)!r}: writable by others without the sticky bit (mode {oct(stat.S_IMODE(mode))}), "
-            f"refused ({_DIR_HINT})"
-        )
-    return d
+            f"temporary directory {tmp!r} ({_tmp_source()}): cannot open {at!r}: {exc.strerror} ({_DIR_HINT})"
+        ) from exc
+    except ExecError:
+        os.close(fd)
+        raise
+    return fd
 
 
-def _new_region(directory: Path, mode: int) -> Path:
-    """A new empty region file in `directory`, given `mode` through its descriptor (a name can
-    be a symbolic link by the time a chmod by name runs; found by review, 1 Dec), and still
-    the file at its name afterwards."""
+def _exec_dir(shared: bool = False) -> tuple[Path, int]:
+    """The directory of a fresh region and an open descriptor of it: `<tmp>/hami-exec-<uid>`
+    (this user's, 0700), or with --shared the machine-wide `<tmp>/hami-exec` (root's, sticky,
+    1777), where tasks of every user see each other's priority. `<tmp>` must be trusted
+    (:func:`_open_trusted_tmp`); the directory is looked up and checked through its descriptor,
+    without following a symbolic link: a directory owned by this user (the shared one: by root,
+    mode 1777). Another local user who made it first could otherwise swap the names in it, and a
+    shared directory made by a user (as `hami exec` did before) is theirs: only root makes it
+    (found by review, 1 Dec)."""
+    uid = os.getuid()
+    tmp = os.path.realpath(tempfile.gettempdir())
+    name = "hami-exec" if shared else f"hami-exec-{uid}"
+    d = os.path.join(tmp, name)
+    label = "--shared: directory" if shared else "region directory"
+    owner = 0 if shared else uid
+    want = _SHARED_DIR_MODE if shared else _PRIVATE_DIR_MODE
+    hint = _shared_hint(d) if shared else _DIR_HINT
+    pfd = _open_trusted_tmp(tmp)
+    fd = -1
     try:
-        fd, name = tempfile.mkstemp(prefix="hami-exec-", suffix=".cache", dir=str(directory))
-    except OSError as exc:
-        raise ExecError(f"region directory {str(directory)!r}: cannot create a region file: {exc.strerror}") from exc
+        if uid == owner:  # only root makes the shared one
+            try:
+                os.mkdir(name, want, dir_fd=pfd)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise ExecError(f"{label} {d!r}: cannot create: {exc.strerror} ({hint})") from exc
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError as exc:
+            raise ExecError(f"{label} {d!r}: does not exist; {hint}") from exc
+        except OSError as exc:
+            raise ExecError(f"{label} {d!r}: {exc.strerror} ({hint})") from exc
+        if stat.S_ISLNK(st.st_mode):
+            raise ExecError(f"{label} {d!r}: is a symbolic link, refused ({hint})")
+        if not stat.S_ISDIR(st.st_mode):
+            raise ExecError(f"{label} {d!r}: not a directory (mode {oct(st.st_mode)}), refused ({hint})")
+        if st.st_uid != owner:
+            whose = "root" if shared else f"uid {uid}"
+            fix = f"remove it; {hint}" if shared else hint
+            raise ExecError(f"{label} {d!r}: owned by uid {st.st_uid}, not by {whose}, refused ({fix})")
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+            fst = os.fstat(fd)
+        except OSError as exc:
+            raise ExecError(f"{label} {d!r}: cannot open: {exc.strerror} ({hint})") from exc
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            raise ExecError(f"{label} {d!r}: replaced while being checked, refused ({hint})")
+        if fst.st_uid == uid:  # ours: set its mode (mkdir's was less the umask), through the descriptor
+            try:
+                os.fchmod(fd, want)
+                fst = os.fstat(fd)
+            except OSError as exc:
+                raise ExecError(f"{label} {d!r}: cannot set its mode: {exc.strerror} ({hint})") from exc
+        mode = stat.S_IMODE(fst.st_mode)
+        if shared and mode != _SHARED_DIR_MODE:
+            raise ExecError(f"{label} {d!r}: mode {oct(mode)}, not 0o1777, refused ({hint})")
+        if not shared and mode & 0o022 and not mode & stat.S_ISVTX:
+            raise ExecError(
+                f"{label} {d!r}: writable by others without the sticky bit (mode {oct(mode)}), refused ({hint})"
+            )
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    finally:
+        os.close(pfd)
+    return Path(d), fd
+
+
+def _region_name() -> str:
+    return f"hami-exec-{secrets.token_hex(8)}.cache"
+
+
+def _new_region(directory: Path, dir_fd: int, mode: int) -> Path:
+    """A new empty region file in the checked `directory` (open as `dir_fd`): created relative
+    to the descriptor, O_CREAT|O_EXCL|O_NOFOLLOW under a random name (a name another user made
+    first, file or link, is never reused: another name is tried), given `mode` through its
+    descriptor (a name can be a symbolic link by the time a chmod by name runs), and still the
+    file at its path afterwards (found by review, 1 Dec).
+
+    libvgpu gets a path, not the descriptor. That is safe: every directory of `<tmp>` is owned by
+    root or this user and not writable by others without the sticky bit, so no other user can
+    rename an entry on the path; the per-user directory is this user's, 0700, and in the shared
+    one (root's, sticky) only the file's owner (or root) can rename or remove the file."""
+    fd = -1
+    name = ""
+    for _ in range(_REGION_TRIES):
+        name = _region_name()
+        try:
+            fd = os.open(name, _REGION_FLAGS, mode, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ExecError(
+                f"region directory {str(directory)!r}: cannot create a region file: {exc.strerror}"
+            ) from exc
+    if fd < 0:
+        raise ExecError(f"region directory {str(directory)!r}: no free region file name in {_REGION_TRIES} tries")
+    path = directory / name
     try:
         os.fchmod(fd, mode)
         st = os.fstat(fd)
         try:
-            at_name = os.lstat(name)
+            at_path = os.lstat(path)
         except OSError:
-            at_name = None
-        if at_name is None or (at_name.st_dev, at_name.st_ino) != (st.st_dev, st.st_ino):
-            raise ExecError(f"region file {name!r}: replaced by another file after it was created, refused")
+            at_path = None
+        if at_path is None or (at_path.st_dev, at_path.st_ino) != (st.st_dev, st.st_ino):
+            os.unlink(name, dir_fd=dir_fd)
+            raise ExecError(
+                f"region file {str(path)!r}: replaced after it was created (the path no longer names it), refused"
+            )
     finally:
         os.close(fd)
-    return Path(name)
+    return path
 
 
 def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
@@ -203,7 +305,11 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
         if not cache.parent.is_dir():
             raise ExecError(f"--cache: directory {str(cache.parent)!r} does not exist")
     else:
-        cache = _new_region(_exec_dir(shared), _SHARED_REGION_MODE if shared else _PRIVATE_REGION_MODE)
+        directory, dir_fd = _exec_dir(shared)
+        try:
+            cache = _new_region(directory, dir_fd, _SHARED_REGION_MODE if shared else _PRIVATE_REGION_MODE)
+        finally:
+            os.close(dir_fd)
     # flags not given leave their variable unset (libvgpu's default)
     limits = contract.Limits(
         memory=(str(limit),) * len(devices),
@@ -252,7 +358,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shared",
         action="store_true",
         help="put the new region in the machine-wide <tmp>/hami-exec (readable by every user) instead of "
-        "<tmp>/hami-exec-<uid>, so that tasks of other users see its priority and it sees theirs",
+        "<tmp>/hami-exec-<uid>, so that tasks of other users see its priority and it sees theirs; the "
+        "directory must be root's, mode 1777 (install -d -m 1777 -o root -g root /tmp/hami-exec): only "
+        "root's hami exec makes it",
     )
     parser.add_argument(
         "--lib",

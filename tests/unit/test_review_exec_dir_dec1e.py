@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 
 import pytest
 
@@ -85,26 +84,28 @@ def test_per_user_dir_owned_by_another_uid_is_refused(tmp, tmp_path):
 
 
 def test_region_mode_is_set_through_the_descriptor(tmp, tmp_path, monkeypatch):
-    """Scenario: between mkstemp and the mode change, the fresh name is replaced by a symbolic link
-    to a 0600 file; the link must not be followed (the target keeps 0600) and the region refused."""
+    """Scenario: right after the region file is created, its name is replaced by a symbolic link
+    to a 0640 file; the link must not be followed (the target keeps 0640, a mode no region file
+    has, so a chmod by name to either region mode would show) and the region refused."""
     victim = tmp_path / "victim"
     victim.write_text("secret")
-    os.chmod(victim, 0o600)
-    real_mkstemp = tempfile.mkstemp
+    os.chmod(victim, 0o640)
+    real_open = os.open
 
-    def mkstemp_then_swap(*a, **kw):
-        fd, name = real_mkstemp(*a, **kw)
-        os.unlink(name)
-        os.symlink(victim, name)  # what the directory's owner could do in a shared sticky dir
-        return fd, name
+    def open_then_swap(path, flags, mode=0o777, *, dir_fd=None):
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        if flags & os.O_CREAT:  # the region file: what the directory's owner could do in a shared sticky dir
+            os.unlink(path, dir_fd=dir_fd)
+            os.symlink(victim, path, dir_fd=dir_fd)
+        return fd
 
-    monkeypatch.setattr(execcmd.tempfile, "mkstemp", mkstemp_then_swap)
+    monkeypatch.setattr(execcmd.os, "open", open_then_swap)
     raised = None
     try:
         plan(tmp_path)
     except execcmd.ExecError as exc:
         raised = exc
-    assert mode(victim) == 0o600  # not made 0666 through the link
+    assert mode(victim) == 0o640  # not made the region's mode through the link
     assert raised is not None and "replaced" in str(raised)
 
 
@@ -129,23 +130,190 @@ def test_shared_dir_symlink_is_refused(tmp, tmp_path):
     assert os.listdir(elsewhere) == []
 
 
-@pytest.mark.parametrize("dir_mode,ok", [(0o777, False), (0o1777, True)])
-def test_shared_root_dir_must_be_sticky(tmp, tmp_path, monkeypatch, dir_mode, ok):
-    """Scenario: --shared as uid 1000, <tmp>/hami-exec root's: used only when sticky, region 0644."""
+@pytest.mark.parametrize("dir_mode", [0o777, 0o755, 0o1775, 0o1770], ids=oct)
+def test_shared_root_dir_must_be_1777(tmp, tmp_path, monkeypatch, dir_mode):
+    """Scenario: --shared as uid 1000, <tmp>/hami-exec root's but not mode 1777: refused, saying how to make it."""
     shared = tmp / "hami-exec"
     shared.mkdir()
     os.chmod(shared, dir_mode)
     monkeypatch.setattr(execcmd.os, "getuid", lambda: OTHER_UID)
-    if not ok:
-        with pytest.raises(execcmd.ExecError, match="without the sticky bit"):
-            plan(tmp_path, "--shared")
-        return
-    env = plan(tmp_path, "--shared").env
-    region = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
-    assert os.path.dirname(region) == str(shared) == env["HAMI_PEER_REGIONS"]
-    assert mode(region) == 0o644  # peers read it; only its owner writes it
+    with pytest.raises(execcmd.ExecError, match=f"mode {oct(dir_mode)}, not 0o1777") as err:
+        plan(tmp_path, "--shared")
+    assert f"install -d -m 1777 -o root -g root {shared}" in str(err.value)
+    assert os.listdir(shared) == []
+    assert mode(shared) == dir_mode  # not root's caller: left as it is
 
 
 def test_shared_with_cache_is_refused(tmp_path):
     with pytest.raises(execcmd.ExecError, match="--shared: not with --cache"):
         plan(tmp_path, "--shared", "--cache", str(tmp_path / "a.cache"))
+
+
+# --- found by review, 1 Dec (second pass): --shared's directory made by a non-root user breaks
+# --shared for everyone, and the parent of <tmp>/hami-exec-<uid> (TMPDIR) was not checked.
+
+
+def _fix_line(d) -> str:
+    return f"install -d -m 1777 -o root -g root {d}"
+
+
+@pytest.mark.parametrize("caller", [0, OTHER_UID, OTHER_UID + 1], ids=["root", "maker", "another-user"])
+def test_shared_dir_made_by_a_user_is_refused_saying_how_to_fix(tmp, tmp_path, monkeypatch, caller):
+    """Found by review, 1 Dec: uid 1000 made <tmp>/hami-exec (1777, theirs; what the previous
+    hami exec did for its first caller, or a squatter): --shared of root, of uid 1000 itself and of
+    uid 1001 is refused with the path, the owner and how root makes it (install / tmpfiles.d)."""
+    planted = tmp / "hami-exec"
+    planted.mkdir()
+    os.chmod(planted, 0o1777)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    monkeypatch.setattr(execcmd.os, "getuid", lambda: caller)
+    with pytest.raises(execcmd.ExecError) as err:
+        plan(tmp_path, "--shared")
+    msg = str(err.value)
+    assert repr(str(planted)) in msg and f"owned by uid {OTHER_UID}, not by root" in msg
+    assert _fix_line(planted) in msg and f"d {planted} 1777 root root -" in msg
+    assert os.listdir(planted) == []
+
+
+def test_non_root_never_creates_the_shared_dir(tmp, tmp_path, monkeypatch):
+    """Found by review, 1 Dec: --shared as uid 1000 with no <tmp>/hami-exec: refused, not created
+    (else it would be uid 1000's and refused to everyone else), saying how root makes it."""
+    monkeypatch.setattr(execcmd.os, "getuid", lambda: OTHER_UID)
+    shared = tmp / "hami-exec"
+    with pytest.raises(execcmd.ExecError, match="does not exist") as err:
+        plan(tmp_path, "--shared")
+    assert repr(str(shared)) in str(err.value) and _fix_line(shared) in str(err.value)
+    assert not os.path.lexists(shared)
+
+
+def test_root_creates_the_shared_dir_root_owned_1777(tmp, tmp_path):
+    """Scenario: --shared as root with no <tmp>/hami-exec: made root's, sticky, 1777; region 0644."""
+    env = plan(tmp_path, "--shared").env
+    shared = tmp / "hami-exec"
+    st = os.lstat(shared)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and mode(shared) == 0o1777
+    assert os.path.dirname(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]) == str(shared) == env["HAMI_PEER_REGIONS"]
+    assert mode(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]) == 0o644
+
+
+@pytest.mark.parametrize("caller", [0, OTHER_UID, OTHER_UID + 1], ids=["root", "user", "another-user"])
+def test_root_owned_1777_shared_dir_is_used_by_every_user(tmp, tmp_path, monkeypatch, caller):
+    """Scenario: root made <tmp>/hami-exec (install -d -m 1777 -o root -g root): every caller uses it."""
+    shared = tmp / "hami-exec"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    monkeypatch.setattr(execcmd.os, "getuid", lambda: caller)
+    env = plan(tmp_path, "--shared").env
+    region = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    assert os.path.dirname(region) == str(shared) == env["HAMI_PEER_REGIONS"]
+    assert mode(region) == 0o644 and mode(shared) == 0o1777 and os.lstat(shared).st_uid == 0
+
+
+@pytest.mark.parametrize("planted", ["file", "symlink"])
+def test_another_users_file_of_the_same_name_is_not_reused(tmp, tmp_path, monkeypatch, planted):
+    """Check (review, 1 Dec): in the shared dir uid 1000 pre-made the name the region would get (a
+    0666 file of theirs, or a link to a file of root's): skipped (O_EXCL), another name is used."""
+    shared = tmp / "hami-exec"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("root's")
+    os.chmod(victim, 0o600)
+    taken = shared / "hami-exec-taken.cache"
+    if planted == "file":
+        taken.write_text("theirs")
+        os.chmod(taken, 0o666)
+    else:
+        taken.symlink_to(victim)
+    os.chown(taken, OTHER_UID, OTHER_UID, follow_symlinks=False)
+    names = iter(["hami-exec-taken.cache", "hami-exec-fresh.cache"])
+    monkeypatch.setattr(execcmd, "_region_name", lambda: next(names), raising=False)
+    region = plan(tmp_path, "--shared").env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    assert region != str(taken) and os.path.dirname(region) == str(shared)
+    st = os.lstat(taken)
+    assert st.st_uid == OTHER_UID
+    if planted == "file":
+        assert taken.read_text() == "theirs" and mode(taken) == 0o666
+    else:
+        assert stat.S_ISLNK(st.st_mode) and os.readlink(taken) == str(victim)
+    assert victim.read_text() == "root's" and mode(victim) == 0o600
+
+
+def test_region_is_created_in_the_checked_directory(tmp, tmp_path, monkeypatch):
+    """Found by review, 1 Dec: between the per-user dir's check and the region's creation the dir is
+    renamed away and uid 1000's put in its place (what the owner of an untrusted TMPDIR could do):
+    the region is created through the checked dir's descriptor (O_CREAT|O_EXCL|O_NOFOLLOW), so it
+    never lands in the swapped-in dir, and the path then not naming it is refused."""
+    mine = tmp / f"hami-exec-{os.getuid()}"
+    swapped = tmp / "theirs"
+    real_open = os.open
+    creates = []
+
+    def open_with_swap(path, flags, mode=0o777, *, dir_fd=None):
+        if flags & os.O_CREAT and not creates:
+            creates.append((flags, dir_fd))
+            os.rename(mine, tmp / "moved")
+            swapped.mkdir()
+            os.chown(swapped, OTHER_UID, OTHER_UID)
+            os.rename(swapped, mine)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(execcmd.os, "open", open_with_swap)
+    raised = None
+    try:
+        plan(tmp_path)
+    except execcmd.ExecError as exc:
+        raised = exc
+    assert os.listdir(mine) == []  # nothing of root's in uid 1000's dir
+    assert raised is not None and "replaced" in str(raised)
+    want = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    assert creates and creates[0][0] & want == want and creates[0][1] is not None
+
+
+def _owned(path, uid, dir_mode):
+    path.mkdir(exist_ok=True)
+    os.chown(path, uid, uid)
+    os.chmod(path, dir_mode)
+    return path
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["other-owner-0755", "other-owner-sticky-1777", "root-0777-not-sticky", "grandparent-other-owner"],
+)
+def test_untrusted_tmp_parent_is_refused_naming_tmpdir(tmp_path, monkeypatch, case):
+    """Found by review, 1 Dec: root run with another user's TMPDIR (sudo -E): that user owns the
+    parent of hami-exec-0 and could swap it; refused, naming TMPDIR and the untrusted directory."""
+    if case == "grandparent-other-owner":
+        bad = _owned(tmp_path / "home", OTHER_UID, 0o755)
+        t = _owned(bad / "t", 0, 0o1777)
+        expect = f"owned by uid {OTHER_UID}"
+    else:
+        t = bad = tmp_path / "t"
+        dir_mode = {"other-owner-0755": 0o755, "other-owner-sticky-1777": 0o1777, "root-0777-not-sticky": 0o777}[case]
+        _owned(t, 0 if case.startswith("root") else OTHER_UID, dir_mode)
+        expect = "without the sticky bit" if case.startswith("root") else f"owned by uid {OTHER_UID}"
+    monkeypatch.setenv("TMPDIR", str(t))
+    monkeypatch.setattr(execcmd.tempfile, "tempdir", str(t))
+    for extra in ((), ("--shared",)):
+        with pytest.raises(execcmd.ExecError, match=expect) as err:
+            plan(tmp_path, *extra)
+        msg = str(err.value)
+        assert f"TMPDIR={str(t)!r}" in msg and repr(str(bad)) in msg and "refused" in msg
+    assert os.listdir(t) == []
+
+
+@pytest.mark.parametrize("case", ["root-sticky-like-tmp", "callers-own-0755"])
+def test_trusted_tmp_parent_is_used(tmp_path, monkeypatch, case):
+    """Scenario: TMPDIR root's and sticky (like /tmp), or the caller's own (uid 1000, 0755): used."""
+    t = tmp_path / "t"
+    caller = 0 if case.startswith("root") else OTHER_UID
+    _owned(t, caller, 0o1777 if case.startswith("root") else 0o755)
+    mine = t / f"hami-exec-{caller}"
+    if caller:  # root runs the test: the caller's own dir is made for it
+        _owned(mine, caller, 0o700)
+    monkeypatch.setattr(execcmd.os, "getuid", lambda: caller)
+    monkeypatch.setenv("TMPDIR", str(t))
+    monkeypatch.setattr(execcmd.tempfile, "tempdir", str(t))
+    env = plan(tmp_path).env
+    assert os.path.dirname(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]) == str(mine) == env["HAMI_PEER_REGIONS"]
