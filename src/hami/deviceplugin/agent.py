@@ -16,13 +16,10 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Iterable
 
-from hami.core.codec import decode_mig_allocations, decode_pod_devices
-from hami.core.errors import CodecError
+from hami.core.codec import MigAllocation
 from hami.core.names import NODE_INJECTION
 from hami.kube.nodelock import LOCK_HANDOFF
-from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
 from hami.node import contract
 from hami.node.cdi import CdiConfig
@@ -32,8 +29,9 @@ from hami.node.nri.plugin import NriPlugin
 from hami.node.nvml import IGNORED_XIDS, MigError, PhysicalGPU, XidWatcher
 from hami.node.settings import NodeSettings
 
-from .allocate import ALLOCATED, DeviceSpecs
-from .allocator import Allocator
+from .allocate import DeviceSpecs
+from .allocator import Allocator, mig_holders
+from .allocator import legacy_mig_grants as legacy_mig_grants  # its home before (tests import it here)
 from .devices import DeviceState
 from .injection import RECORD_UID, Injector, NriAllocator, grant_records_dir
 from .kube import Kube
@@ -52,19 +50,6 @@ NRI_RECORDS_READ_S = 10.0
 # the shutdown writes (node lock release, node declarations withdrawn) together, at most: well
 # inside the 30 s a pod is given between SIGTERM and the kill
 SHUTDOWN_WRITES_S = 20.0
-
-
-def legacy_mig_grants(text: str, gpus: Iterable[str]) -> list[tuple[str, str]]:
-    """The grants of ``gpus`` in a pod's ``hami.io/vgpu-devices-allocated`` written in HAMi's
-    legacy MIG form, ``<GPU UUID>[<template>-<slot>]`` (before ``hami.io/vgpu-mig-allocations``):
-    (GPU UUID, the device ID as written) pairs. A text that does not decode is searched for
-    ``<GPU UUID>[`` instead: when in doubt, the pod is taken to hold an instance there."""
-    mine = set(gpus)
-    try:
-        found = [cd.uuid for ctr in decode_pod_devices(text) for cd in ctr if "[" in cd.uuid]
-    except CodecError:
-        return [(g, f"{g}[...]") for g in sorted(mine) if f"{g}[" in text]
-    return [(u.split("[", 1)[0], u) for u in dict.fromkeys(found) if u.split("[", 1)[0] in mine]
 
 
 class NodeAgent:
@@ -170,23 +155,15 @@ class NodeAgent:
         adopt instances live pods name, destroy the rest (mig.py). A GPU that a live pod holds
         through HAMi's legacy MIG grant (``<GPU UUID>[<template>-<slot>]`` in
         ``hami.io/vgpu-devices-allocated``, written before ``hami.io/vgpu-mig-allocations``) keeps
-        every instance on it: which one is the pod's cannot be told."""
+        every instance on it: which one is the pod's cannot be told. The manager remembers those
+        GPUs; the clean-up loop (``Allocator.collect_mig``) destroys what nobody claims there once
+        no live pod holds them that way."""
         assert self.mig is not None
-        claims, known = [], True
+        claims: list[tuple[PodRef, MigAllocation]] = []
         legacy: dict[str, list[str]] = {}  # GPU UUID -> "pod ns/name (its grant)"
+        known = True
         try:
-            for pod in await self.kube.pods_on_node():
-                if pod.phase in ("Succeeded", "Failed"):
-                    continue
-                for gpu, grant in legacy_mig_grants(pod.annotations.get(ALLOCATED, ""), self.mig.gpus):
-                    legacy.setdefault(gpu, []).append(f"pod {pod.namespace}/{pod.name} ({ALLOCATED} names {grant!r})")
-                try:
-                    entries = decode_mig_allocations(pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
-                except CodecError:
-                    continue
-                claims += [
-                    (PodRef(pod.uid, pod.namespace, pod.name), e) for e in entries if e.gpu_instance_id is not None
-                ]
+            claims, legacy = mig_holders(await self.kube.pods_on_node(), self.mig.gpus)
         except Exception as exc:  # noqa: BLE001 - without the pods, keep every instance that exists
             log.error("MIG recovery: cannot list this node's pods (%s); instances nobody claims are kept", exc)
             known = False

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Sequence
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hami.core.codec import MigAllocation, decode_mig_allocations, encode_mig_allocations
+from hami.core.codec import MigAllocation, decode_mig_allocations, decode_pod_devices, encode_mig_allocations
 from hami.core.errors import CodecError
 from hami.kube import nodelock
 from hami.node.cdi import CdiConfig, apply as cdi_apply
@@ -34,12 +34,48 @@ from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 from . import allocate as A
 from .devices import physical_id
 from .kube import Kube, describe
-from hami.node.mig import MigError, MigManager, PlacementHeld, PodRef
+from hami.node.mig import MigError, MigManager, PlacementHeld, PlacementKept, PodRef
 
 log = logging.getLogger(__name__)
 #: what a failed API call raises: an answer that is an error, no connection, or no answer in time
 #: (kube.API_TIMEOUT_S; the budget of the retried writes)
 API_FAILURES = (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+def legacy_mig_grants(text: str, gpus: Iterable[str]) -> list[tuple[str, str]]:
+    """The grants of ``gpus`` in a pod's ``hami.io/vgpu-devices-allocated`` written in HAMi's
+    legacy MIG form, ``<GPU UUID>[<template>-<slot>]`` (before ``hami.io/vgpu-mig-allocations``):
+    (GPU UUID, the device ID as written) pairs. A text that does not decode is searched for
+    ``<GPU UUID>[`` instead: when in doubt, the pod is taken to hold an instance there."""
+    mine = set(gpus)
+    try:
+        found = [cd.uuid for ctr in decode_pod_devices(text) for cd in ctr if "[" in cd.uuid]
+    except CodecError:
+        return [(g, f"{g}[...]") for g in sorted(mine) if f"{g}[" in text]
+    return [(u.split("[", 1)[0], u) for u in dict.fromkeys(found) if u.split("[", 1)[0] in mine]
+
+
+def mig_holders(
+    pods: Iterable[A.PodView], gpus: Iterable[str]
+) -> tuple[list[tuple[PodRef, MigAllocation]], dict[str, list[str]]]:
+    """What this node's live pods (not ``Succeeded``/``Failed``) hold of its MIG GPUs ``gpus``:
+    the instances their ``hami.io/vgpu-mig-allocations`` names with a GPU-instance id (an
+    annotation that does not decode names none), and the GPUs they hold through HAMi's legacy
+    grant (:func:`legacy_mig_grants`; GPU UUID -> "pod ns/name (... names '<grant>')")."""
+    gpus = list(gpus)
+    claims: list[tuple[PodRef, MigAllocation]] = []
+    legacy: dict[str, list[str]] = {}
+    for pod in pods:
+        if pod.phase in ("Succeeded", "Failed"):
+            continue
+        for gpu, grant in legacy_mig_grants(pod.annotations.get(A.ALLOCATED, ""), gpus):
+            legacy.setdefault(gpu, []).append(f"pod {pod.namespace}/{pod.name} ({A.ALLOCATED} names {grant!r})")
+        try:
+            entries = decode_mig_allocations(pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
+        except CodecError:
+            continue
+        claims += [(PodRef(pod.uid, pod.namespace, pod.name), e) for e in entries if e.gpu_instance_id is not None]
+    return claims, legacy
 
 
 class Allocator:
@@ -337,8 +373,10 @@ class Allocator:
         try:
             try:
                 return await asyncio.to_thread(self.mig.prepare, ref, allocs)
-            except PlacementHeld as exc:
-                # the holder may be a pod that is gone and not collected yet: collect now, then retry once
+            except (PlacementHeld, PlacementKept) as exc:
+                # the holder may be a pod that is gone and not collected yet (or, on a GPU kept whole
+                # at start-up, the pods holding it through HAMi's legacy grant may have ended): collect
+                # now, then retry once
                 log.info("%s; collecting instances of finished pods and retrying", exc)
                 await self.collect_mig()
                 return await asyncio.to_thread(self.mig.prepare, ref, allocs)
@@ -346,13 +384,19 @@ class Allocator:
             raise A.AllocationError(str(exc)) from None
 
     async def collect_mig(self) -> list[str]:
-        """Destroy the MIG instances of pods that are gone from this node or finished."""
+        """Destroy the MIG instances of pods that are gone from this node or finished; on a GPU
+        kept whole at start-up (HAMi's legacy MIG grant) that no live pod holds that way any more,
+        the instances nobody claims (:meth:`MigManager.release_kept`). A pod list that cannot be
+        read raises, and nothing is destroyed."""
         if self.mig is None:
             return []
         seen = self.mig.snapshot()  # instances made after this point belong to pods the list may miss
         pods = await self.kube.pods_on_node()
         live = {p.uid for p in pods if p.phase not in ("Succeeded", "Failed")}
         done = await asyncio.to_thread(self.mig.collect, live, seen)
+        if self.mig.kept:
+            claims, legacy = mig_holders(pods, self.mig.gpus)
+            done += await asyncio.to_thread(self.mig.release_kept, set(legacy), claims)
         for line in done:
             log.info("MIG: %s", line)
         return done

@@ -22,9 +22,10 @@ checkpoint, not in a live pod's ``hami.io/vgpu-mig-allocations``) are destroyed 
 a lost checkpoint cannot make a placement look free while an old instance still holds it; the
 ones a live pod's annotation names are adopted into the checkpoint instead. A GPU a live pod
 holds through HAMi's legacy grant (``<GPU UUID>[<template>-<slot>]``, no instance named) keeps
-every instance at start-up. An instance is
-claimed by one entry only, so two pods never share one, and a MIG device made outside this
-plugin is never handed to a pod. An instance NVML refuses to destroy (processes on it) is
+every instance at start-up; the manager remembers it, and once no live pod holds it that way
+:meth:`~MigManager.release_kept` destroys what nobody claims there, as the start would have.
+An instance is claimed by one entry only, so two pods never share one, and a MIG device made
+outside this plugin is never handed to a pod. An instance NVML refuses to destroy (processes on it) is
 reported and kept, never stopping the rest: a recorded one is tried again by the next
 :meth:`~MigManager.collect`.
 
@@ -41,7 +42,7 @@ import os
 import threading
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import pynvml
 
@@ -172,6 +173,8 @@ class MigManager:
         self.entries: dict[str, Entry] = {}
         self._seq = 0  # counts prepare calls; collect() spares entries made after its snapshot
         self._made: dict[str, int] = {}
+        #: GPU UUID -> who held it: the GPUs recover() kept whole (``keep_gpus``), until release_kept()
+        self._kept: dict[str, str] = {}
 
     def snapshot(self) -> int:
         """A mark for :meth:`collect`: entries prepared after it are never collected with it (their
@@ -202,8 +205,11 @@ class MigManager:
         name (``claims``), destroy the instances nobody claims (unless ``destroy_unclaimed`` is
         False: the pods could not be read). ``keep_gpus``: GPU UUID -> who holds it (live pods
         with HAMi's legacy ``UUID[template-slot]`` grant, which names no instance this plugin can
-        match): no unclaimed instance on such a GPU is destroyed. Returns what was done (lines)."""
+        match): no unclaimed instance on such a GPU is destroyed, and the GPU is remembered
+        (:attr:`kept`) until :meth:`release_kept` finds no such pod left. Returns what was done
+        (lines)."""
         with self._lock:
+            self._kept = {g: why for g, why in (keep_gpus or {}).items() if g in self.gpus} if destroy_unclaimed else {}
             for gpu in self.gpus:
                 self.nvml.enable(gpu)
             self.entries = self.checkpoint.load()
@@ -300,7 +306,7 @@ class MigManager:
                 kept = [f"{i.gi} ({i.profile} at {i.start})" for i in self.nvml.instances(gpu) if i.gi not in owned]
                 done.append(
                     f"kept every MIG instance on {gpu} (unclaimed GPU instances: {', '.join(kept) or 'none'}): "
-                    f"{keep_gpus[gpu]}; nothing on it is destroyed at start-up while such a pod lives"
+                    f"{keep_gpus[gpu]}; what nobody claims there is destroyed once no live pod holds it that way"
                 )
                 continue
             for inst in self.nvml.instances(gpu):
@@ -440,19 +446,25 @@ class MigManager:
     def _check_no_other(self, pod: PodRef, a: MigAllocation) -> None:
         """No instance that is not to be reused overlaps the placement: NVML would refuse to
         create over it with a bare "Insufficient Resources"; the pod is told which instance
-        holds it instead."""
+        holds it instead. On a GPU kept whole at start-up (:attr:`kept`) an unclaimed one raises
+        :class:`PlacementKept`: the pods holding that GPU may be gone, :meth:`release_kept` not run yet."""
         held = [i for i in self.nvml.instances(a.gpu_uuid) if i.start < a.start + a.size and a.start < i.start + i.size]
         if held:
             owners = {x.gpu_instance_id: x.pod for x in self.entries.values() if x.gpu_uuid == a.gpu_uuid}
+            kept = self._kept.get(a.gpu_uuid)
+            unclaimed = ", claimed by no pod: made outside hami?)" if kept is None else ", claimed by no pod)"
             what = ", ".join(
                 f"GPU instance {i.gi} ({i.profile} at {i.start}"
-                + (f", pod {owners[i.gi]})" if i.gi in owners else ", claimed by no pod: made outside hami?)")
+                + (f", pod {owners[i.gi]})" if i.gi in owners else unclaimed)
                 for i in held
             )
-            raise MigError(
+            message = (
                 f"pod {pod.namespace}/{pod.name}: placement {a.start}+{a.size} of {a.profile} on {a.gpu_uuid} "
                 f"overlaps {what}"
             )
+            if kept is not None and any(i.gi not in owners for i in held):
+                raise PlacementKept(f"{message}; every MIG instance on {a.gpu_uuid} was kept at start-up: {kept}")
+            raise MigError(message)
 
     def _unclaimed_at(self, a: MigAllocation) -> int | None:
         """An instance of that profile at that placement that no entry claims, reused instead of
@@ -508,6 +520,60 @@ class MigManager:
                 )
             return done
 
+    @property
+    def kept(self) -> dict[str, str]:
+        """The GPUs kept whole at start-up (``keep_gpus`` of :meth:`recover`) and not released
+        since: GPU UUID -> who held it. A copy, read without the lock: the event loop reads it, and
+        must not wait for an Allocate's NVML calls."""
+        return dict(self._kept)
+
+    def release_kept(self, held: Collection[str], claims: Sequence[tuple[PodRef, MigAllocation]] = ()) -> list[str]:
+        """The GPUs kept whole at start-up that no live pod holds through HAMi's legacy MIG grant
+        any more (``held``: the GPUs live pods' legacy grants name now, from a pod list that was
+        read; without one, do not call this): the instances nobody claims there are destroyed, as
+        :meth:`recover` destroys them on any other GPU. Claimed are those of a checkpoint entry
+        and those a live pod's ``hami.io/vgpu-mig-allocations`` names (``claims``, adopted into
+        the checkpoint as at start-up, and never destroyed). The GPU is then no longer kept; while
+        NVML refuses to destroy one (processes on it) it stays kept and is tried again next call.
+        Without this the kept instances stayed until the plugin restarted, and every pod the
+        scheduler placed over one failed its Allocate (found by review, 1 Dec). Returns what was
+        done (lines; one per GPU released)."""
+        with self._lock:
+            done: list[str] = []
+            for gpu in [g for g in self._kept if g not in held]:
+                mine = [(p, a) for p, a in claims if a.gpu_uuid == gpu]
+                adopted: list[str] = []
+                self._adopt(mine, adopted)
+                if adopted:
+                    self.checkpoint.save(self.entries)
+                    done += adopted
+                named = {a.gpu_instance_id for _, a in mine if a.gpu_instance_id is not None}
+                owned = {e.gpu_instance_id for e in self.entries.values() if e.gpu_uuid == gpu} | named
+                destroyed, refused = [], []
+                for inst in self.nvml.instances(gpu):
+                    if inst.gi in owned:
+                        continue
+                    failed = self._destroy(gpu, inst.gi)
+                    what = f"{inst.gi} ({inst.profile} at {inst.start})"
+                    if failed is None:
+                        destroyed.append(what)
+                    else:
+                        refused.append(f"{what}: {failed}")
+                why = self._kept[gpu]
+                gone = (
+                    f"no live pod holds {gpu} through HAMi's legacy MIG grant any more (kept at start-up, {why}); "
+                    f"destroyed the GPU instances there claimed by no pod: {', '.join(destroyed) or 'none'}"
+                )
+                if refused:
+                    done.append(
+                        f"{gone}; cannot destroy GPU instance(s) {', '.join(refused)} yet: {gpu} stays kept, tried "
+                        "again next round"
+                    )
+                    continue
+                del self._kept[gpu]
+                done.append(gone)
+            return done
+
 
 class PlacementHeld(MigError):
     """The placement belongs to another pod's entry (which may be gone: collect, then retry)."""
@@ -515,3 +581,8 @@ class PlacementHeld(MigError):
     def __init__(self, holder: Entry, message: str) -> None:
         super().__init__(message)
         self.holder = holder
+
+
+class PlacementKept(MigError):
+    """The placement overlaps an unclaimed instance on a GPU kept whole at start-up, whose pods
+    may be gone (:meth:`MigManager.release_kept` with a fresh pod list, then retry)."""
