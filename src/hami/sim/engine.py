@@ -23,14 +23,17 @@ readable grants count, an unreadable vendor's devices on its node are cordoned w
 the webhook's admission of a pod being created (:func:`created_by_file`: a dump's pending pod
 exists already, and waits at Filter) gets the namespace quota room
 (:meth:`hami.core.Ledger.quota_room`), then the API server's quota on extended resources
-(:class:`ApiServerQuota`: ``requests.nvidia.com/gpu``); and kube-scheduler's NodeResourcesFit on
+(:class:`ApiServerQuota`: ``requests.nvidia.com/gpu``, which counts a dump's pods from the start,
+wherever the file lists them); and kube-scheduler's NodeResourcesFit on
 cpu, memory and pods runs with its node filters (:class:`NodeResources`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Container, Iterable, Mapping, Sequence
 
 from sortedcontainers import SortedList
@@ -225,6 +228,32 @@ def file_uids(objects: Iterable[tuple[str, Mapping[str, Any]]]) -> set[str]:
 # ---------------------------------------------------------------------- the API server's quota admission
 
 
+def quota_released_at(pod: Mapping[str, Any], source: str, label: str) -> float | None:
+    """When the API server's quota stops charging ``pod`` (seconds since the epoch), or None: a pod
+    being deleted that is still there past ``metadata.deletionTimestamp`` plus
+    ``metadata.deletionGracePeriodSeconds`` (stuck Terminating on a lost node) is no longer
+    counted, as Kubernetes' quota evaluator (QuotaV1Pod) leaves it out; without both fields it is
+    counted until it goes. (Until 1 Dec such a pod took its namespace's GPU count: review.)"""
+    meta = pod.get("metadata") or {}
+    stamp, grace = meta.get("deletionTimestamp"), meta.get("deletionGracePeriodSeconds")
+    if not stamp or grace is None:
+        return None
+    where = f"{source}: {label} ({_describe(pod)})"
+    if isinstance(grace, bool) or not isinstance(grace, int):
+        raise SimulationError(f"{where}: metadata.deletionGracePeriodSeconds must be an integer, got {grace!r}")
+    when = None
+    if isinstance(stamp, str):
+        try:
+            when = datetime.fromisoformat(stamp)
+        except ValueError:
+            pass
+    if when is None or when.tzinfo is None:
+        raise SimulationError(
+            f"{where}: metadata.deletionTimestamp must be an RFC 3339 time (2026-01-01T00:00:00Z), got {stamp!r}"
+        )
+    return when.timestamp() + grace
+
+
 class ApiServerQuota:
     """The API server's own ResourceQuota admission, on the extended resources a quota caps with a
     ``requests.<name>`` key (``requests.nvidia.com/gpu: 4``: the namespace's GPU count): a pod
@@ -232,8 +261,10 @@ class ApiServerQuota:
     exists, ``exceeded quota: NAME, requested: ..., used: ..., limited: ...``, as the API server
     refuses it (its HAMi quota, ``limits.nvidia.com/gpumem`` and the like, is the webhook's and the
     ledger's: :meth:`hami.core.Ledger.quota_room`). A namespace uses what its live pods request
-    (every pod the file gives or creates, not finished, not refused, until the file deletes it), as
-    the quota controller counts them; a quota's ``status.used`` is not read. A scoped quota
+    (every pod the file gives or creates, not finished, not refused, until the file deletes it; a
+    dump's pods from the start, wherever the file lists them, as they exist before any pod the file
+    creates), as the quota controller counts them: not a pod being deleted past its grace period
+    (:func:`quota_released_at`); a quota's ``status.used`` is not read. A scoped quota
     (``spec.scopes``, ``spec.scopeSelector``) is left out: its scopes are not modelled. Until 1 Dec
     the extender simulation left these limits out (the DRA one counted them): a namespace with a
     GPU count quota of 1 had a second 1-GPU pod placed where the cluster refuses it (review)."""
@@ -676,6 +707,7 @@ class PodDoc:
     blind: frozenset[str] = frozenset()  # the vendors whose grant cannot be read (their devices on its node cordoned)
     asks: PodAsks | None = None  # what it asks of a node (kube-scheduler's filters)
     resources: dict[str, int] | None = None  # what it requests of a node's cpu and memory (NodeResourcesFit)
+    released_at: float | None = None  # when the API server's quota stops charging it (quota_released_at)
 
     @property
     def terminating(self) -> bool:
@@ -744,6 +776,7 @@ def _read_pods(
         except NodeFitError as exc:
             raise SimulationError(f"{source}: {label} ({_describe(obj)}): {exc}") from None
         doc.resources = pod_resources(obj, source, label)
+        doc.released_at = quota_released_at(obj, source, label)
         doc.allocation, errors = read_grants(obj, config.vendors)
         if errors:
             doc.unreadable = "; ".join(errors.values())
@@ -792,6 +825,10 @@ def simulate(
             doc.obj = run.uids.fresh(doc.obj, doc.index)
         if doc.first:  # bound before the file's events: on its node for kube-scheduler from the start
             run.resources.hold(doc.ref, running_on(doc.obj), doc.resources)
+        if doc.first and not created_by_file(doc.obj) and run.charged(doc, "pending"):
+            # a dump's pod exists before any pod the file creates: the API server's quota counts it
+            # from the start, wherever the file lists it (until 1 Dec, from its place: review)
+            run.api_quota.count(doc.ref, doc.obj, doc.label)
     for i in play_order(docs):
         doc = docs[i]
         if doc is None:
@@ -817,6 +854,9 @@ class _Run:
         scheduler_name: str,
     ) -> None:
         self.ledger, self.config, self.now, self.sources, self.warnings = ledger, config, now, sources, warnings
+        #: the API server's clock for its quota (a pod deleted past its grace period is not charged):
+        #: ``now``, or the wall clock where it is 0 (the default, a fixed time for the annotations)
+        self.clock = now or time.time()
         self.facts = [facts[n] for n in ledger.node_names()]
         # the nodes a pod asking nothing of labels may still be refused by (cordoned or tainted)
         self.guarded = [f for f in self.facts if f.unschedulable or any(t.effect in FILTERED_EFFECTS for t in f.taints)]
@@ -893,10 +933,18 @@ class _Run:
         self.outcomes[doc.ref] = (doc.index, outcome)
         self.objects[doc.ref] = doc.obj
         created = self.created.pop(doc.ref, doc.obj)
-        if outcome.status in ("denied", "finished"):  # never created, or holding nothing
-            self.api_quota.uncount(doc.ref)
+        if self.charged(doc, outcome.status):
+            self.api_quota.count(doc.ref, created, doc.label)  # (replacing what counted it before)
         else:
-            self.api_quota.count(doc.ref, created, doc.label)
+            self.api_quota.uncount(doc.ref)
+
+    def charged(self, doc: PodDoc, status: str) -> bool:
+        """Whether the API server's quota counts the pod of ``doc`` (outcome ``status``), as
+        Kubernetes' QuotaV1Pod: not a pod never created (denied) or finished (phase Succeeded or
+        Failed), nor one still there past its deletion's grace period (:func:`quota_released_at`)."""
+        if status in ("denied", "finished") or finished(doc.obj):
+            return False
+        return doc.released_at is None or self.clock <= doc.released_at
 
     # -------------------------------------------------------------- one pod
     def _place(self, doc: PodDoc) -> PodOutcome:
