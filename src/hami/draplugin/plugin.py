@@ -20,9 +20,11 @@ be read, its CDI file written again when it is missing or is not the recorded sp
 emptied, replaced), and its region directory and record when they are missing. The grant file in
 a region directory that is there is never replaced (the claim's running containers bind-mount it,
 and a rename over it unmounts it in them): kept when intact, rewritten in place when its text
-differs, and the prepare refused when something else is at its name (:func:`_keep_grant`). A
-claim allocated again under its UID (the kubelet never unprepared the old allocation) is released and prepared
-anew. Unprepare of a UID without an entry removes what a prepare that died before recording it
+differs, and the prepare refused when something else is at its name (:func:`_keep_grant`); so at
+a first prepare too (no checkpoint entry: the checkpoint moved away) when the directory is there.
+A region directory that is missing is made with its grant before it is at its name
+(:func:`_claim_region`). A claim allocated again under its UID (the kubelet never unprepared the
+old allocation) is released and prepared anew. Unprepare of a UID without an entry removes what a prepare that died before recording it
 left under that UID.
 
 Dynamic MIG devices are made in prepare and destroyed in unprepare by the extender path's
@@ -69,7 +71,7 @@ from hami.dra.model import DRIVER, GpuLike, MigDevice, SliceSettings
 from hami.node.nvml import MigError
 from hami.node.cdi import write_document
 from hami.node.files import read_small, remove_tree, write_atomic
-from hami.node.layout import GRANT_FILE, UnsafeDirectoryError, make_claim_dir, private_dir, write_grant
+from hami.node.layout import GRANT_FILE, UnsafeDirectoryError, private_dir, write_grant
 
 from .api import DRA_SERVICE, HEALTH_SERVICE, PLUGIN_TYPE, load
 from .health import HealthFeed
@@ -252,11 +254,15 @@ class Driver:
             cdi = Path(self.paths.cdi_file(uid))
             devices = response_devices(p)
             stamp = fingerprint(claim, self.node)
+            made_dir = False
             try:
                 if p.isolation == "hami-core":
-                    _private_claims_dir(Path(self.paths.claim_dir(uid)).parent, f"{namespace}/{name} ({uid})")
-                    # the claim's shared region is created by the container's processes, of any UID
-                    write_grant(make_claim_dir(self.paths, uid), claim_grant(spec))
+                    who = f"{namespace}/{name} ({uid})"
+                    _private_claims_dir(Path(self.paths.claim_dir(uid)).parent, who)
+                    # a directory already there (the checkpoint moved away or lost, dra.stateDir
+                    # changed, a prepare that died before recording) may be a running pod's, its
+                    # grant mounted: kept, the grant checked in place (regression review, 1 Dec)
+                    made_dir = _claim_region(self.paths.claim_dir(uid), claim_grant(spec), who)
                     write_atomic(self.paths.claim_record(uid), json.dumps(claim_record(namespace, name, uid, spec)))
                 write_document(spec, cdi)
                 self.checkpoint.put(
@@ -273,8 +279,10 @@ class Driver:
                     },
                 )
             except BaseException:  # nothing half-applied: no record says these files exist
-                _remove(cdi, Path(self.paths.claim_record(uid)))
-                _remove_tree(Path(self.paths.claim_dir(uid)))
+                _remove(cdi)
+                if made_dir:  # (one that was there is left: removing it would unmount it in its pods)
+                    _remove(Path(self.paths.claim_record(uid)))
+                    _remove_tree(Path(self.paths.claim_dir(uid)))
                 if made:
                     await self._destroy_mig(uid)
                 raise
@@ -313,18 +321,14 @@ class Driver:
             claim = f"{done.get('namespace') or ''}/{done.get('name') or ''} ({uid})"
             grant = os.path.join(directory, GRANT_FILE)
             _private_claims_dir(Path(directory).parent, claim)
-            if not _is_dir(directory, claim):  # removed by an unprepare whose checkpoint write failed:
-                # nothing of it is mounted anywhere, made as the first prepare makes it
-                Path(directory).mkdir(exist_ok=True)  # as make_claim_dir: any UID makes the region
-                os.chmod(directory, 0o777)
-                write_grant(directory, claim_grant(done["cdi_spec"]))
-            elif any(m.get("hostPath") == grant for m in mounts):
-                # the claim's running containers mount the grant file read-only: renaming a new file
-                # over it unmounted it in each of them (found by review, 1 Dec); kept, never replaced
-                _keep_grant(grant, claim_grant(done["cdi_spec"]), claim)
-            else:  # a spec from before the grant mount: nothing mounts the file; written again, no
-                # link or FIFO the containers put at the name followed (found by review, 1 Dec)
-                write_grant(directory, claim_grant(done["cdi_spec"]))
+            # missing (removed by an unprepare whose checkpoint write failed): nothing of it is
+            # mounted anywhere, made as the first prepare makes it. There: the claim's running
+            # containers mount the grant file read-only, and renaming a new file over it unmounted
+            # it in each of them (found by review, 1 Dec): kept, never replaced; but a spec from
+            # before the grant mount mounts no grant: written again, no link or FIFO the containers
+            # put at the name followed (found by review, 1 Dec)
+            mounted = any(m.get("hostPath") == grant for m in mounts)
+            _claim_region(directory, claim_grant(done["cdi_spec"]), claim, mounted)
             self._write_record(done, uid)
         cdi = Path(done["cdi_file"])
         if _read_json(cdi) != done["cdi_spec"]:
@@ -402,9 +406,11 @@ class Driver:
 
     def _remove_files(self, cdi: Path, directory: Path, uid: str) -> None:
         """The CDI file, the region directory (written by the container: no link in it is
-        followed) and its record; what is already gone is no error."""
+        followed), what a prepare left of its making (:func:`_claim_region`) and its record; what
+        is already gone is no error."""
         cdi.unlink(missing_ok=True)
         _remove_tree(directory)
+        _remove_unfinished(str(directory))
         Path(self.paths.claim_record(uid)).unlink(missing_ok=True)
 
     async def _make_mig(self, p: Plan, uid: str, namespace: str, name: str) -> Plan:
@@ -578,6 +584,73 @@ def _is_dir(path: str, claim: str) -> bool:
     return True
 
 
+#: the name a claim's region directory is made under (``claims/.<uid>.tmp-<16 hex digits>``): a
+#: dot name, which no claim UID has and ``hami monitor`` passes over
+_UNFINISHED = ".tmp-"
+
+
+def _unfinished(directory: str) -> tuple[str, str]:
+    """The parent of a claim's region directory, and how the names of its makings there start
+    (then 16 hex digits)."""
+    parent, name = os.path.split(directory.rstrip("/"))
+    return parent, f".{name}{_UNFINISHED}"
+
+
+def _remove_unfinished(directory: str) -> None:
+    """Remove what a making of ``directory`` (:func:`_claim_region`) left beside it: the agent
+    died meanwhile. Best effort: a leftover is root's alone, in ``claims/`` (mode 0700), and named
+    as no claim; failures are logged."""
+    parent, prefix = _unfinished(directory)
+    names = re.compile(re.escape(prefix) + "[0-9a-f]{16}")  # (not another UID's: ".u1.tmp-x.tmp-...")
+    try:
+        with os.scandir(parent) as entries:
+            left = [e.path for e in entries if names.fullmatch(e.name)]
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("cannot look for unfinished region directories in %s: %s", parent, exc)
+        return
+    for path in left:
+        _remove_tree(Path(path))
+
+
+def _claim_region(directory: str, text: str, claim: str, mounted: bool = True) -> bool:
+    """The claim's region directory ``directory`` with its grant file ``text``; True when it was
+    made here (nothing was at its name), False when it was there.
+
+    Missing: made whole before it is at its name, under a name of its own beside it
+    (``claims/.<uid>.tmp-<random>``, root's alone as ``claims/`` is 0700) with the grant written
+    in it (:func:`hami.node.layout.write_grant`), made world-writable (any UID of the claim's
+    containers creates the region in it), then renamed to ``directory``. Made in place before, a
+    failed grant write (ENOSPC) or an agent killed between the two left the directory without its
+    grant, and every retry was refused as a grant missing from a directory that may be mounted
+    (regression review, 1 Dec). A failed making is removed; what a killed agent left is removed at
+    the next making of the directory or its unprepare (:func:`_remove_unfinished`).
+
+    There: ``mounted`` (the claim's containers bind-mount the grant file, as the CDI spec of this
+    agent says) checks it in place (:func:`_keep_grant`: kept, rewritten in place, or the prepare
+    refused), else it is written again (:func:`~hami.node.layout.write_grant`, which follows no
+    link at its name). Anything but a directory at the name raises :class:`PrepareError`
+    (:func:`_is_dir`)."""
+    if _is_dir(directory, claim):
+        if mounted:
+            _keep_grant(os.path.join(directory, GRANT_FILE), text, claim)
+        else:
+            write_grant(directory, text)
+        return False
+    _remove_unfinished(directory)
+    parent, prefix = _unfinished(directory)
+    making = os.path.join(parent, prefix + os.urandom(8).hex())
+    os.mkdir(making, 0o700)
+    try:
+        write_grant(making, text)
+        os.chmod(making, 0o777)  # (by name: claims/ is root's alone, and the directory shown to no one yet)
+        os.rename(making, directory)  # (no one but this agent, under the claim's lock, makes the name)
+    except BaseException:
+        _remove_tree(Path(making))
+        raise
+    return True
+
+
 def _kind(info: os.stat_result) -> str:
     mode = info.st_mode
     for test, what in (
@@ -609,7 +682,8 @@ def _keep_grant(grant: str, text: str, claim: str) -> None:
     """Check a prepared claim's grant file in place, without replacing it: the claim's running
     containers bind-mount it read-only at ``<hook>/vgpu/hami-grant.env``, and a file renamed over
     (or unlinked at) a name that is a mount point in another mount namespace unmounts it there
-    (Linux 3.18 and later). A repeat prepare (every kubelet restart, then the next sandbox of any
+    (Linux 3.18 and later); the same at a first prepare that finds the directory there (the
+    checkpoint moved away or lost: regression review, 1 Dec). A repeat prepare (every kubelet restart, then the next sandbox of any
     pod using the claim, which its tenant can start) renamed a new grant over it: the running
     containers lost the mount, libvgpu read their env instead, and the directory (theirs to
     write) let them put a grant or a link of their choice at the name for the next container's
