@@ -113,7 +113,7 @@ def test_a_relist_after_an_api_server_restart_converges(kube_cluster, kube_names
             cached = client.lists[1]
             assert cached.get("resourceVersionMatch") == "NotOlderThan" and "limit" not in cached, client.lists
             if ahead:  # refused (504 too large), then a consistent list
-                assert cached["resourceVersion"] == ahead and "resourceVersion" not in client.lists[-1], client.lists
+                assert "resourceVersion" not in client.lists[-1], client.lists
             else:
                 assert cached["resourceVersion"] == seen.items["watched"]["metadata"]["resourceVersion"]
                 assert r.relists == 2, client.lists
@@ -124,14 +124,26 @@ def test_a_relist_after_an_api_server_restart_converges(kube_cluster, kube_names
     asyncio.run(scenario())
 
 
-def test_the_node_monitor_lists_from_the_watch_cache_on_a_real_api_server(kube_cluster, kube_namespace):
+def test_the_node_monitor_lists_from_the_watch_cache_on_a_real_api_server(kube_cluster, kube_namespace, monkeypatch):
     """found by review, 1 Dec: the node monitor's list every 5 s read etcd. After its first
     list it asks for pods not older than that list (no limit), which the real API server
-    answers; a version ahead of the store (504) is asked again consistently in the same call."""
+    answers; a version ahead of the store (504) is asked again consistently in the same call.
+    Each list the monitor sends is recorded on its way to the API server (the test review,
+    1 Dec: converging alone did not show the watch cache was asked)."""
+    from kubernetes_asyncio import client as kclient
+
     from hami.monitor import kube as mkube
 
     node = f"review-{kube_namespace}"[:60]
     pods = f"/api/v1/namespaces/{kube_namespace}/pods"
+    calls: list[dict] = []
+    real = kclient.CoreV1Api.list_pod_for_all_namespaces
+
+    async def recording(self, **kwargs):
+        calls.append(dict(kwargs))
+        return await real(self, **kwargs)
+
+    monkeypatch.setattr(kclient.CoreV1Api, "list_pod_for_all_namespaces", recording)
 
     def create(name: str) -> None:
         body = {
@@ -146,9 +158,11 @@ def test_the_node_monitor_lists_from_the_watch_cache_on_a_real_api_server(kube_c
 
     async def scenario():
         api = await mkube.api_client(str(kube_cluster.kubeconfig))
+        mkube._SINCE_CONSISTENT.pop(node, None)
         try:
             first = await mkube.node_pods(api, node)
             assert [p.name for p in first.values()] == ["a"] and node in mkube._LISTED
+            listed = mkube._LISTED[node]  # the first list's version
             await asyncio.to_thread(create, "b")
             names: set[str] = set()
             for _ in range(50):
@@ -157,11 +171,22 @@ def test_the_node_monitor_lists_from_the_watch_cache_on_a_real_api_server(kube_c
                     break
                 await asyncio.sleep(0.2)
             assert names == {"a", "b"}
+            # the first list consistent (paged), the second from the watch cache: unpaged, not older
+            assert "resource_version" not in calls[0] and calls[0].get("limit") == 500, calls
+            assert calls[1].get("resource_version_match") == "NotOlderThan" and "limit" not in calls[1], calls
+            assert calls[1].get("resource_version") == listed, calls
             mkube._LISTED[node] = "999999999"  # (as after an etcd restore)
+            mkube._SINCE_CONSISTENT.pop(node, None)  # (not the every-so-often consistent list)
+            del calls[:]
             assert {p.name for p in (await mkube.node_pods(api, node)).values()} == {"a", "b"}
             assert mkube._LISTED[node] != "999999999"
+            assert len(calls) == 2, calls  # refused ("too large"), then asked again consistently
+            assert calls[0].get("resource_version") == "999999999", calls
+            assert calls[0].get("resource_version_match") == "NotOlderThan" and "limit" not in calls[0], calls
+            assert "resource_version" not in calls[1] and "resource_version_match" not in calls[1], calls
         finally:
             mkube._LISTED.pop(node, None)
+            mkube._SINCE_CONSISTENT.pop(node, None)
             await api.close()
 
     asyncio.run(scenario())

@@ -143,15 +143,19 @@ def test_the_watcher_reaps_only_when_a_share_went_stale(env, tmp_path):
         assert libc.pthread_mutex_lock(ctypes.byref(mutex)) == 0
         try:
             held = _stamps(region, pids)
-            time.sleep(3.0)
+            time.sleep(1.5)
+            mid = _stamps(region, pids)
+            time.sleep(1.5)
             after = _stamps(region, pids)
         finally:
             libc.pthread_mutex_unlock(ctypes.byref(mutex))
             del mutex
-    advanced = {pid: (after[pid] - held[pid]) / 1000 for pid in pids}
-    print(f"shares published while the region lock was held 3 s: {advanced} s of stamps")
-    # a watcher stuck on the lock stops within REAP_MS (1 s) of taking it; a free one goes on
-    assert all(v >= 2.0 for v in advanced.values()), advanced
+    print(f"share stamps while the region lock was held (0, 1.5, 3 s): {held} {mid} {after}")
+    # a watcher stuck on the lock stops within REAP_MS (1 s) of taking it, so its stamp stands
+    # still in the second half; a free one goes on publishing in both (the test review, 1 Dec:
+    # an order of stamps, not a wall-clock amount)
+    for pid in pids:
+        assert held[pid] < mid[pid] < after[pid], (pid, held, mid, after)
     os.kill(b.proc.pid, signal.SIGKILL)
     b.proc.wait()
     deadline = time.monotonic() + 20  # a hang guard

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -276,26 +277,28 @@ def test_non_mig_decisions_are_unchanged_by_the_charged_quota_check(devices, pod
     decision equals the one made with the new check switched off."""
     hard = _hard(mem_limit, core_limit)
     now, off = _quota_ledger(devices, hard), _quota_ledger(devices, hard)
-    real = getattr(fitmod, "_charges_more", None)
+    real = fitmod._charges_more
     more: list[bool] = []
 
     def recorded(*args):
-        got = bool(real(*args)) if real else False
+        got = bool(real(*args))
         more.append(got)
         return got
 
     def run(led: Ledger, p: dict, check) -> tuple:
-        saved = getattr(fitmod, "_charges_more", None)
-        if saved is not None:
-            fitmod._charges_more = check
-        try:
+        # patched unconditionally: a renamed check raises here instead of making the test vacuous
+        # (the test review, 1 Dec: it was patched only when found)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fitmod, "_charges_more", check)
             r = schedule_pod(p, None, led, CONFIG, 0)
-        finally:
-            if saved is not None:
-                fitmod._charges_more = saved
         return r.node, r.annotations.get(ALLOCATED), r.reasons()
 
+    placed = 0
     for p in pods:
-        assert run(now, p, recorded) == run(off, p, lambda *args: False)
+        decision = run(now, p, recorded)
+        assert decision == run(off, p, lambda *args: False)
+        placed += decision[0] is not None
+    # a pod placed passed the charged check on each device it was given: the check was asked
+    assert more or not placed, (placed, more)
     assert not any(more)
     assert now.namespace_usage("a", "NVIDIA") == off.namespace_usage("a", "NVIDIA")
