@@ -315,13 +315,3 @@ def write_grant(cache_dir: str, text: str) -> None:
     link at the grant's name for the next container's mount to resolve (regression review)."""
     target = Path(cache_dir, GRANT_FILE)
     write_atomic(target, text, 0o644, tmp_dir=target.parent.parent)
-
-
-def make_claim_dir(paths: HookPaths, uid: str) -> str:
-    """Create a claim's region directory, world-writable (the container's processes, of any UID,
-    create the region in it); returns it."""
-    directory = paths.claim_dir(uid)
-    private_dir(os.path.dirname(directory), "the claims' directory")  # root's alone, as ``containers/``
-    Path(directory).mkdir(exist_ok=True)
-    os.chmod(directory, 0o777)
-    return directory
