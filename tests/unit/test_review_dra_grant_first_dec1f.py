@@ -224,3 +224,58 @@ async def test_what_a_killed_agent_left_of_a_making_is_removed_and_never_read(tm
     left.mkdir()
     await driver.unprepare("ns", "c", "u1")  # an unprepare removes it as well
     assert os.listdir(claims) == []
+
+
+async def test_an_unprepare_whose_removal_fails_part_way_leaves_no_grantless_directory(tmp_path, monkeypatch):
+    """Found by the regression review of e113fc3, 1 Dec: the removal unlinked the grant first,
+    then failed deeper in the container's tree (EBUSY, EIO); the unprepare still ended the claim,
+    and the claim's next prepare found its directory without a grant and refused it as tampered.
+    Now the directory is taken from its name first: the next prepare makes it anew, and what the
+    removal left is swept at the agent's next start (never read as a claim)."""
+    from hami.monitor.containers import scan_claims
+
+    driver, paths, api, grant, first = await prepared(tmp_path)
+    directory = Path(paths.claim_dir("u1"))
+    (directory / "deep").mkdir()
+    (directory / "deep" / "stuck").write_text("a file the removal cannot take")
+    real = plugin.remove_tree
+
+    def fails_part_way(path):
+        for name in sorted(os.listdir(path)):  # the grant and other files first, as remove_tree goes
+            if os.path.isfile(os.path.join(path, name)):
+                os.unlink(os.path.join(path, name))
+        raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+
+    monkeypatch.setattr(plugin, "remove_tree", fails_part_way)
+    await driver.unprepare("ns", "c", "u1")
+    monkeypatch.setattr(plugin, "remove_tree", real)
+
+    claims = directory.parent
+    assert not directory.exists() and driver.checkpoint.get("u1") is None
+    [left] = os.listdir(claims)
+    assert left.startswith(".u1.gone-") and [c.uid for c in scan_claims(str(claims))] == []
+
+    [line] = driver.sweep_remains()  # what the removal left: swept at the agent's next start
+    assert "removed 1" in line and os.listdir(claims) == []
+    assert await driver.prepare("ns", "c", "u1") == first  # made anew, not refused
+    _made_whole(paths, "u1")
+
+
+async def test_an_unprepare_that_cannot_take_the_directory_away_keeps_the_claim_prepared(tmp_path, monkeypatch):
+    """The directory cannot be renamed (EBUSY: a mount point here): the unprepare fails, the claim
+    stays prepared with its directory whole, and the kubelet's retry finishes it."""
+    driver, paths, _, grant, first = await prepared(tmp_path)
+    real = os.rename
+
+    def busy(src, dst, *a, **kw):
+        if os.fspath(src) == paths.claim_dir("u1"):
+            raise OSError(errno.EBUSY, "Device or resource busy", os.fspath(src))
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(plugin.os, "rename", busy)
+    with pytest.raises(OSError):
+        await driver.unprepare("ns", "c", "u1")
+    assert driver.checkpoint.get("u1") is not None and grant.read_text()
+    monkeypatch.setattr(plugin.os, "rename", real)
+    await driver.unprepare("ns", "c", "u1")
+    assert driver.checkpoint.get("u1") is None and not Path(paths.claim_dir("u1")).exists()

@@ -270,6 +270,8 @@ def _prepare_node(driver, paths: Paths, boot_id_file: Path, boot_id: str) -> boo
         log.info("start-up: %s", line)
     for line in driver.refresh_records():
         log.info("start-up: %s", line)
+    for line in driver.sweep_remains():
+        log.info("start-up: %s", line)
     try:
         prepare_hook_dir(paths)
     except UnsafeDirectoryError as exc:  # a host directory planted to be followed (node/layout.py)

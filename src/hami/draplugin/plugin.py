@@ -405,13 +405,31 @@ class Driver:
         log.info("unprepared claim %s/%s (%s)%s", namespace, name, uid, f": {why}" if why else "")
 
     def _remove_files(self, cdi: Path, directory: Path, uid: str) -> None:
-        """The CDI file, the region directory (written by the container: no link in it is
-        followed), what a prepare left of its making (:func:`_claim_region`) and its record; what
-        is already gone is no error."""
+        """The CDI file, the region directory (:func:`_discard_region`: taken from its name at
+        once, then removed), what a prepare left of its making (:func:`_claim_region`) and its
+        record; what is already gone is no error. Raises OSError when the region directory cannot
+        be taken from its name: the unprepare fails and the claim stays prepared, its directory
+        whole, for the kubelet's retry."""
         cdi.unlink(missing_ok=True)
-        _remove_tree(directory)
-        _remove_unfinished(str(directory))
+        _discard_region(directory)
+        _remove_remains(str(directory))
         Path(self.paths.claim_record(uid)).unlink(missing_ok=True)
+
+    def sweep_remains(self) -> list[str]:
+        """Start-up, before serving: remove what makings and removals of region directories left
+        in ``claims/`` (:func:`_claim_region`, :func:`_discard_region`; the agent was stopped
+        meanwhile). What was done, as lines."""
+        parent = os.path.dirname(self.paths.claim_dir("x"))
+        try:
+            with os.scandir(parent) as entries:
+                left = [e.path for e in entries if _REMAINS.fullmatch(e.name)]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            return [f"cannot look for what region directories left in {parent}: {exc}"]
+        for path in left:
+            _remove_tree(Path(path))
+        return [f"removed {len(left)} unfinished or discarded region directories in {parent}"] if left else []
 
     async def _make_mig(self, p: Plan, uid: str, namespace: str, name: str) -> Plan:
         """Create (or reuse, on a retry) the claim's dynamic MIG instances; the plan with their UUIDs."""
@@ -584,24 +602,26 @@ def _is_dir(path: str, claim: str) -> bool:
     return True
 
 
-#: the name a claim's region directory is made under (``claims/.<uid>.tmp-<16 hex digits>``): a
-#: dot name, which no claim UID has and ``hami monitor`` passes over
-_UNFINISHED = ".tmp-"
+#: the names a claim's region directory is made under (``claims/.<uid>.tmp-<16 hex digits>``)
+#: and taken aside to by an unprepare (``.gone-``): dot names, which no claim UID has and
+#: ``hami monitor`` passes over
+_MAKING, _GONE = ".tmp-", ".gone-"
+_REMAINS = re.compile(r"\..+\.(?:tmp|gone)-[0-9a-f]{16}")
 
 
-def _unfinished(directory: str) -> tuple[str, str]:
-    """The parent of a claim's region directory, and how the names of its makings there start
-    (then 16 hex digits)."""
+def _beside(directory: str, kind: str) -> str:
+    """A new name beside ``directory`` for its making or its removal (``kind``)."""
     parent, name = os.path.split(directory.rstrip("/"))
-    return parent, f".{name}{_UNFINISHED}"
+    return os.path.join(parent, f".{name}{kind}{os.urandom(8).hex()}")
 
 
-def _remove_unfinished(directory: str) -> None:
-    """Remove what a making of ``directory`` (:func:`_claim_region`) left beside it: the agent
-    died meanwhile. Best effort: a leftover is root's alone, in ``claims/`` (mode 0700), and named
-    as no claim; failures are logged."""
-    parent, prefix = _unfinished(directory)
-    names = re.compile(re.escape(prefix) + "[0-9a-f]{16}")  # (not another UID's: ".u1.tmp-x.tmp-...")
+def _remove_remains(directory: str) -> None:
+    """Remove what a making (:func:`_claim_region`) or a removal (:func:`_discard_region`) of
+    ``directory`` left beside it: the agent died meanwhile, or the removal failed part-way. Best
+    effort: a leftover is root's alone, in ``claims/`` (mode 0700), and named as no claim;
+    failures are logged."""
+    parent, name = os.path.split(directory.rstrip("/"))
+    names = re.compile(re.escape(f".{name}") + r"\.(?:tmp|gone)-[0-9a-f]{16}")  # (not another UID's)
     try:
         with os.scandir(parent) as entries:
             left = [e.path for e in entries if names.fullmatch(e.name)]
@@ -611,6 +631,21 @@ def _remove_unfinished(directory: str) -> None:
         return
     for path in left:
         _remove_tree(Path(path))
+
+
+def _discard_region(directory: Path) -> None:
+    """Take a claim's region directory from its name at once (renamed aside, ``.<uid>.gone-<hex>``
+    in ``claims/``), then remove it (:func:`_remove_tree`, failures logged, the rest left for
+    :meth:`Driver.sweep_remains`). Removed in place before, a removal that failed part-way (EBUSY,
+    EIO deep in a container's tree) had already unlinked the grant file, and the claim's next
+    prepare found a directory without its grant and refused it as tampered (regression review, 1
+    Dec). Raises OSError when it cannot be renamed (the directory is left whole)."""
+    aside = _beside(str(directory), _GONE)
+    try:
+        os.rename(directory, aside)
+    except FileNotFoundError:
+        return
+    _remove_tree(Path(aside))
 
 
 def _claim_region(directory: str, text: str, claim: str, mounted: bool = True) -> bool:
@@ -624,7 +659,8 @@ def _claim_region(directory: str, text: str, claim: str, mounted: bool = True) -
     failed grant write (ENOSPC) or an agent killed between the two left the directory without its
     grant, and every retry was refused as a grant missing from a directory that may be mounted
     (regression review, 1 Dec). A failed making is removed; what a killed agent left is removed at
-    the next making of the directory or its unprepare (:func:`_remove_unfinished`).
+    the next making of the directory, its unprepare (:func:`_remove_remains`) or the agent's next start
+    (:meth:`Driver.sweep_remains`).
 
     There: ``mounted`` (the claim's containers bind-mount the grant file, as the CDI spec of this
     agent says) checks it in place (:func:`_keep_grant`: kept, rewritten in place, or the prepare
@@ -637,9 +673,8 @@ def _claim_region(directory: str, text: str, claim: str, mounted: bool = True) -
         else:
             write_grant(directory, text)
         return False
-    _remove_unfinished(directory)
-    parent, prefix = _unfinished(directory)
-    making = os.path.join(parent, prefix + os.urandom(8).hex())
+    _remove_remains(directory)
+    making = _beside(directory, _MAKING)
     os.mkdir(making, 0o700)
     try:
         write_grant(making, text)
