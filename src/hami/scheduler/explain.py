@@ -26,7 +26,7 @@ from hami.core.requests import pod_request
 from hami.vendors import build_vendors
 
 from .options import parse_selector
-from .state import HANDSHAKE_TIMEOUT_S, ClusterState, vendor_alive
+from .state import HANDSHAKE_TIMEOUT_S, HELD_BACK, ClusterState, vendor_alive
 
 DRA_API = "/apis/resource.k8s.io/v1"
 
@@ -139,8 +139,14 @@ def render(
     if unread:
         lines.append(f"  (kube-scheduler's node filters are not applied: {unread})")
     if verdict.chosen:
+        # the devices only: kube-scheduler's NodeResourcesFit (cpu, memory, pods) needs every pod
+        # on the node, and the scheduler's cache holds the pods with devices only (found by
+        # review, 1 Dec: a pod asking 64 CPUs of an 8-CPU node was said to fit)
         lines.append(
-            f"It fits now: the scheduler would choose node {verdict.chosen} (kube-scheduler retries pending pods)."
+            f"It fits now: the scheduler would choose node {verdict.chosen} for its devices (kube-scheduler "
+            "retries pending pods). kube-scheduler's own resource filters (cpu, memory, pod count) are not "
+            f"checked here: if it stays pending, its events say why (kubectl describe pod -n {meta['namespace']} "
+            f"{meta['name']})."
         )
     elif left_out:
         lines.append(
@@ -167,10 +173,9 @@ def render(
             continue
         where = f" (container #{v.container})" if v.container >= 0 else ""
         lines.append(f"  node {v.node}: {outside}{v.reason}{where}{': ' + v.detail if v.detail else ''}{note}")
+        held_back = state.held_back_vendors(v.node)
         for dv in v.devices:
-            d, reason = dv.device, dv.reason
-            if reason == "AllocatedCardsInsufficientRequest":
-                reason = "usable, but the node has too few usable cards (AllocatedCardsInsufficientRequest)"
+            d, reason = dv.device, _device_reason(dv.reason, dv.device.vendor in held_back)
             own = (
                 f" (this pod's earlier containers: {dv.pod_slots} slot(s), {dv.pod_mem} MiB, {dv.pod_cores} cores)"
                 if dv.pod_slots or dv.pod_mem or dv.pod_cores
@@ -193,6 +198,17 @@ def render(
         lines.append("Recent events:")
         lines += [f"  {e.get('reason')}: {e.get('message')}" for e in recent[-5:]]
     return "\n".join(lines)
+
+
+def _device_reason(reason: str, held_back: bool) -> str:
+    """A device's reason code as printed: ``AllocatedCardsInsufficientRequest`` says the device
+    itself is usable; a ``CardCordoned`` device whose vendor a running pod's unreadable grant holds
+    back on its node says so (``held_back``: no ``hami.io/device-cordon`` entry is behind it)."""
+    if reason == "AllocatedCardsInsufficientRequest":
+        return "usable, but the node has too few usable cards (AllocatedCardsInsufficientRequest)"
+    if reason == "CardCordoned" and held_back:
+        return f"CardCordoned ({HELD_BACK})"
+    return reason
 
 
 def _ignored_lines(state: ClusterState, ignored: Mapping[str, str]) -> list[str]:

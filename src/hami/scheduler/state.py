@@ -125,12 +125,18 @@ def _node_fingerprint(node: Mapping[str, Any], vendors: Iterable[Any], now: floa
     return (tuple((k, annotations[k]) for k in keys), tuple(vendor_alive(node, v, now) for v in vendors), counts)
 
 
+#: why a device is ``CardCordoned`` while a running pod's grant on its node cannot be read
+#: (:class:`UnreadableGrant`): no ``hami.io/device-cordon`` entry is behind it, and the pod is not
+#: named (the UI shows the words to every tenant)
+HELD_BACK = "held back: a running pod's allocation on this node cannot be read"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class UnreadableGrant:
     """A running (bound, not finished) pod whose allocation annotation of some vendor cannot be
     read: ``errors`` is ``{vendor: why}``. Until it is readable or the pod ends, the vendor's
-    devices on ``node`` are cordoned (``CardCordoned``): counting them free let a new pod onto a
-    GPU the running one uses."""
+    devices on ``node`` are cordoned (``CardCordoned``, explained as :data:`HELD_BACK`): counting
+    them free let a new pod onto a GPU the running one uses."""
 
     pod: str  # "ns/name"
     node: str
@@ -315,6 +321,12 @@ class ClusterState:
     def _blind_vendors(self, name: str) -> frozenset[str]:
         """The vendors whose devices on node ``name`` a running pod holds unreadably."""
         return frozenset(v for g in self.unreadable.values() if g.node == name for v in g.errors)
+
+    def held_back_vendors(self, name: str) -> frozenset[str]:
+        """The vendors whose devices on node ``name`` are cordoned because a running pod's grant
+        there cannot be read (their ``CardCordoned`` is :data:`HELD_BACK`, whatever
+        ``hami.io/device-cordon`` says)."""
+        return self._blind_vendors(name)
 
     def _set_unreadable(self, key: str, grant: UnreadableGrant | None, pod: dict | None = None) -> None:
         """Record (or clear, None) pod ``key``'s unreadable grant; the nodes concerned are read

@@ -2,7 +2,9 @@
 
 A *source* is anything with the attributes of :class:`hami.scheduler.state.ClusterState` that
 are read here: ``ledger``, ``vendors``, ``config``, ``nodes`` (name -> Node), ``pods``
-("ns/name" -> Pod) and ``quotas`` ("ns/name" -> ResourceQuota). :class:`Snapshot` is a source
+("ns/name" -> Pod) and ``quotas`` ("ns/name" -> ResourceQuota), and where it has one
+``held_back_vendors(node)`` (the vendors whose devices there a running pod's unreadable grant
+holds back). :class:`Snapshot` is a source
 made of a ledger alone (``hami simulate``). Live usage comes as ``{node: NodeReading}`` from
 :mod:`.live`; ``None`` means it is not configured.
 
@@ -39,6 +41,16 @@ API_VERSION = "v1"
 MAX_PENDING = 50  # pending pods explained per /api/v1/pending answer (each runs the filter on every node)
 PENDING_BUDGET_S = 0.5  # and no more explaining than this per answer: it runs on the scheduler's event loop
 SECRET_HINTS = ("token", "secret", "password", "credential", "key")
+#: why a device is ``CardCordoned`` on a node where a running pod's grant cannot be read (the
+#: words of :data:`hami.scheduler.state.HELD_BACK`; the pod is not named: every tenant reads this)
+HELD_BACK = "held back: a running pod's allocation on this node cannot be read"
+#: what a pending pod's verdict does not check: kube-scheduler's own filters on the node's
+#: cpu, memory and pod count (the cache holds only the pods with devices, not what every pod on
+#: a node requests), so a pod whose devices fit may still be refused there (found by review, 1 Dec)
+NOT_CHECKED = (
+    "its devices fit now; kube-scheduler's own resource filters (cpu, memory, pod count) are not "
+    "checked here: if it stays pending, its events say why (kubectl describe pod)"
+)
 
 
 class FilterError(ValueError):
@@ -653,7 +665,13 @@ def _request_docs(req: Any) -> list[dict]:
 
 
 def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
-    """One pending pod: its requests and every node's verdict, as ``hami explain`` prints them."""
+    """One pending pod: its requests and every node's verdict, as ``hami explain`` prints them.
+
+    ``fitsNow`` / ``wouldChoose`` answer for the devices (HAMi's extender, after kube-scheduler's
+    node selector, affinity, taint and cordon filters); kube-scheduler's resource filters (cpu,
+    memory, pod count) are not checked, and ``summary`` says so (:data:`NOT_CHECKED`). A
+    ``CardCordoned`` on a node where the source's ``held_back_vendors(node)`` names the device's
+    vendor says it is :data:`HELD_BACK`."""
     meta = pod.get("metadata") or {}
     base = {
         "namespace": meta.get("namespace") or "default",
@@ -695,8 +713,16 @@ def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
             "nodes": [],
         }
     vendors = _vendor_map(source.vendors)
+    held_back = getattr(source, "held_back_vendors", None)
     nodes = []
+    reasons = {}  # node -> its reason as shown (a held-back CardCordoned says so)
     for v in verdict.nodes:
+        held = held_back(v.node) if held_back is not None else frozenset()
+        reason = v.reason or None
+        if reason and held and "CardCordoned" in reason:
+            # no hami.io/device-cordon entry is behind it: a running pod's grant cannot be read
+            reason = f"{reason} ({', '.join(sorted(held))} devices {HELD_BACK})"
+        reasons[v.node] = reason
         devices = [
             {
                 "uuid": dv.device.id,
@@ -710,7 +736,9 @@ def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
                     "total": dv.device.devcore,
                     "unit": core_unit(vendors.get(dv.device.vendor), dv.device),
                 },
-                "reason": dv.reason,
+                "reason": f"{dv.reason} ({HELD_BACK})"
+                if dv.reason == "CardCordoned" and dv.device.vendor in held
+                else dv.reason,
             }
             for dv in v.devices
         ]
@@ -718,23 +746,27 @@ def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
             {
                 "node": v.node,
                 "fits": v.fits,
-                "reason": v.reason or None,
+                "reason": reason,
                 "leftOut": left_out.get(v.node),
                 "container": v.container if v.container >= 0 else None,
                 "devices": devices,
             }
         )
+    summary = summarise(
+        f"left out by kube-scheduler: {left_out[v.node]}" if v.node in left_out else reasons[v.node] or ""
+        for v in verdict.nodes
+        if not v.fits or v.node in left_out
+    )
+    if verdict.chosen is not None:
+        # (no node named: a caller who may not list nodes gets the summary without wouldChoose)
+        summary = f"{NOT_CHECKED}; {summary}" if summary else NOT_CHECKED
     return {
         **base,
         "requests": _request_docs(verdict.request),
         "fitsNow": verdict.chosen is not None,
         "wouldChoose": verdict.chosen,
         "error": None,
-        "summary": summarise(
-            f"left out by kube-scheduler: {left_out[v.node]}" if v.node in left_out else v.reason
-            for v in verdict.nodes
-            if not v.fits or v.node in left_out
-        ),
+        "summary": summary,
         "nodes": nodes,
     }
 
