@@ -77,7 +77,7 @@ largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import AbstractSet, Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Sequence
 
 from .fit import FitContext
 from .ledger import NodeSummary, RefusalClass
@@ -402,53 +402,90 @@ def _largest_grant(d: DeviceInfo) -> int:
     return d.devmem
 
 
+class Usable(NamedTuple):
+    """Which devices a container's request could ever use, for :meth:`MemoryCeilings.below`
+    (:func:`_usable` builds it from the walk's static checks)."""
+
+    #: names ``test`` and ``repeats`` (the per-node answers are kept under it)
+    key: Hashable
+    #: whether a device could ever take the request, whatever its usage
+    test: Callable[[DeviceInfo], bool]
+    #: whether a usable device may serve several of the request's ``nums`` (a MIG GPU); None:
+    #: not known, any may (the count rule then marks nothing)
+    repeats: Callable[[DeviceInfo], bool] | None = None
+    #: the request's devices must share one NUMA node (the pod's NUMA binding)
+    numa_bind: bool = False
+
+
+#: one usable device, as :meth:`MemoryCeilings.below` judges it: (the most MiB one container can
+#: get of it, its NUMA node, whether it may serve several picks)
+_Kept = tuple[int, int, bool]
+
+
 class MemoryCeilings:
-    """Marks refusals no eviction can cure because of memory: a container asking ``memreq`` MiB
-    per device of a vendor on a node where every device of that vendor the container could use
-    (healthy, and passing its type, UUID and mode selection: the walk's static checks, used or
-    not) has less memory in all (``devmem``; a MIG GPU's largest profile) than that, or where there is no such device. Read
-    from the node's device list, never from its usage. A cordoned GPU still counts (the cordon
-    is an annotation an operator lifts, and the device lists' generation does not follow it).
+    """Marks refusals no eviction can cure: a container asking ``nums`` devices of a vendor, of
+    ``memreq`` MiB each, on a node where fewer than ``nums`` devices of that vendor could ever
+    take one of them, i.e. are usable (healthy, and passing its type, UUID and mode selection:
+    the walk's static checks, used or not) and have that much memory in all (``devmem``; a MIG
+    GPU's largest profile); under NUMA binding, fewer than ``nums`` such devices on any one NUMA
+    node. When one of those devices may serve several picks (a MIG GPU) only "none at all"
+    counts. Read from the node's device list, never from its usage: with every pod on the node
+    gone, the walk would still refuse (found by review, 1 Dec: 2 GPUs asked of ``use-gputype:
+    A100`` on a node of one A100 and three T4s went to ``FailedNodes``, and kube-scheduler's
+    preemption could evict pods there for nothing). A cordoned GPU still counts (the cordon is
+    an annotation an operator lifts, and the device lists' generation does not follow it).
 
     Kept across Filters while the ledger's device lists stay the same
-    (:meth:`~hami.core.ledger.Ledger.device_generation`): each node's largest usable ``devmem``
-    per request shape, and for each ``(vendor, memreq, shape)`` asked the set of nodes under
-    that ceiling, so a pending pod's retries mark thousands of refusals with set operations
-    instead of a Python step per node. Any change of a device list (a node added, removed or
-    registering other devices, a GPU's health) drops both."""
+    (:meth:`~hami.core.ledger.Ledger.device_generation`): each node's usable devices per request
+    shape, and for each ``(vendor, memreq, nums, NUMA binding, shape)`` asked the set of nodes
+    that cannot hold it, so a pending pod's retries mark thousands of refusals with set
+    operations instead of a Python step per node. Any change of a device list (a node added,
+    removed or registering other devices, a GPU's health) drops both."""
 
     __slots__ = ("_top", "_below", "_generation")
 
-    #: ``(vendor, memreq, shape)`` sets kept at most (pending pods ask few distinct sizes)
+    #: ``(vendor, memreq, nums, numa_bind, shape)`` sets kept at most (pending pods ask few
+    #: distinct shapes)
     MAX_SIZES = 256
 
     def __init__(self) -> None:
-        # node -> (its NodeDevices, usable-device key -> {vendor: largest usable devmem, -1: none})
-        self._top: dict[str, tuple[Any, dict[Hashable, dict[str, int]]]] = {}
-        self._below: dict[tuple[str, int, Hashable], frozenset[str]] = {}
+        # node -> (its NodeDevices, usable-device key -> {vendor: its usable devices})
+        self._top: dict[str, tuple[Any, dict[Hashable, dict[str, tuple[_Kept, ...]]]]] = {}
+        self._below: dict[tuple[str, int, int, bool, Hashable], frozenset[str]] = {}
         self._generation: int | None = None
 
-    def _largest(self, nd: Any, key: Hashable, usable: Callable[[DeviceInfo], bool]) -> dict[str, int]:
+    def _usable_devices(self, nd: Any, usable: Usable) -> dict[str, tuple[_Kept, ...]]:
+        """Node ``nd``'s usable devices per vendor (a vendor whose devices ``usable`` all refuses:
+        an empty tuple; a vendor without devices there: absent)."""
         got = self._top.get(nd.name)
         if got is None or got[0] is not nd:
             got = self._top[nd.name] = (nd, {})
-        top = got[1].get(key)
-        if top is None:
-            top = {}
+        ukey = (usable.key, usable.repeats is None)
+        kept = got[1].get(ukey)
+        if kept is None:
+            test, repeats = usable.test, usable.repeats
+            each: dict[str, list[_Kept]] = {}
             for d in nd.devices:
-                mem = _largest_grant(d) if usable(d) else -1
-                if mem > top.get(d.vendor, -2):
-                    top[d.vendor] = mem
-            got[1][key] = top
-        return top
+                mine = each.setdefault(d.vendor, [])
+                if test(d):
+                    mine.append((_largest_grant(d), d.numa, True if repeats is None else repeats(d)))
+            kept = got[1][ukey] = {v: tuple(ds) for v, ds in each.items()}
+        return kept
 
     def below(
-        self, ledger: Any, vendor: str, memreq: int, usable: tuple[Hashable, Callable[[DeviceInfo], bool]] | None = None
+        self,
+        ledger: Any,
+        vendor: str,
+        memreq: int,
+        usable: Usable | tuple[Hashable, Callable[[DeviceInfo], bool]] | None = None,
+        nums: int = 1,
     ) -> frozenset[str]:
-        """The ledger's nodes with devices of ``vendor``, each of them under ``memreq`` MiB in
-        all (kept while the ledger's device lists stay the same). ``usable``: ``(key, test)``,
-        only the devices ``test`` accepts count (``key`` names the test; a node whose devices of
-        ``vendor`` it all refuses is under any ceiling); None: every device."""
+        """The ledger's nodes with devices of ``vendor`` where fewer than ``nums`` of them (under
+        ``usable``'s NUMA binding, on one NUMA node) could hold ``memreq`` MiB, so no eviction
+        makes room for such a request (kept while the ledger's device lists stay the same).
+        ``usable``: only the devices it accepts count (a node whose devices of ``vendor`` it all
+        refuses is under any ceiling); a bare ``(key, test)``, or None (every device), says
+        nothing of repeats: "too few" is then "none"."""
         generation = ledger.device_generation()
         if generation != self._generation:
             self._below.clear()
@@ -456,37 +493,45 @@ class MemoryCeilings:
             for gone in [n for n in self._top if n not in names]:  # nodes removed: forgotten
                 del self._top[gone]
             self._generation = generation
-        key, test = usable if usable is not None else (None, _every)
-        want = (vendor, memreq, key)
+        use = Usable(None, _every) if usable is None else Usable(*usable)
+        want = (vendor, memreq, nums, use.numa_bind, (use.key, use.repeats is None))
         got = self._below.get(want)
         if got is None:
             if len(self._below) >= self.MAX_SIZES:
                 self._below.clear()
                 for _, tops in self._top.values():
                     tops.clear()
-            largest, node = self._largest, ledger.node
-            got = self._below[want] = frozenset(
-                n for n in ledger.node_set() if largest(node(n), key, test).get(vendor, memreq) < memreq
-            )
+            devices, node, numa_bind = self._usable_devices, ledger.node, use.numa_bind
+            hopeless: list[str] = []
+            for n in ledger.node_set():
+                mine = devices(node(n), use).get(vendor)
+                if mine is not None and _too_few(mine, memreq, nums, numa_bind):
+                    hopeless.append(n)
+            got = self._below[want] = frozenset(hopeless)
         return got
 
     def mark(
         self, failed: Mapping[str, NodeFailure], pod: Any, ledger: Any, vendors: Iterable[Any]
     ) -> Mapping[str, NodeFailure]:
-        """``failed`` with the refusals of the nodes that cannot hold the failing container's
-        memory on any device it could use set ``final``; ``failed`` itself when none changes
-        (never mutated). Only for the ``vendors`` that check each device's memory with the
-        generic capacity rules (``summary_prefilter``): another may count memory its own way."""
-        checked = {v.name: v for v in vendors if getattr(v, "summary_prefilter", False)}
-        asks = {
-            (ci, r.vendor): r
-            for ci, c in enumerate(pod.containers)
-            for r in c.requests
-            if r.memreq > 0 and r.vendor in checked
-        }
+        """``failed`` with the refusals of the nodes where the failing container's request could
+        not be met with every pod gone (:meth:`below`) set ``final``; ``failed`` itself when
+        none changes (never mutated). The memory counts only for the ``vendors`` that check
+        each device's memory with the generic capacity rules (``summary_prefilter``): another
+        may count memory its own way; the number of devices counts for every vendor (the walk
+        takes ``nums`` distinct devices unless one ``repeats``)."""
+        by_name = {v.name: v for v in vendors}
+        asks: dict[tuple[int, str], tuple[Any, int]] = {}
+        for ci, c in enumerate(pod.containers):
+            for r in c.requests:
+                v = by_name.get(r.vendor)
+                if v is None or r.nums < 1:
+                    continue
+                memreq = r.memreq if r.memreq > 0 and getattr(v, "summary_prefilter", False) else 0
+                if memreq > 0 or r.nums > 1:  # (else: only "no usable device", whose codes say it)
+                    asks[(ci, r.vendor)] = (r, memreq)
         out: dict[str, NodeFailure] | None = None
-        for (ci, vendor), req in asks.items():
-            low = self.below(ledger, vendor, req.memreq, _usable(checked[vendor], req, pod.annotations))
+        for (ci, vendor), (req, memreq) in asks.items():
+            low = self.below(ledger, vendor, memreq, _usable(by_name[vendor], req, pod.annotations), req.nums)
             if not low:
                 continue
             hits = list(low.intersection(failed.keys()))
@@ -510,23 +555,41 @@ class MemoryCeilings:
         return failed if out is None else out
 
 
+def _too_few(devices: Sequence[_Kept], memreq: int, nums: int, numa_bind: bool) -> bool:
+    """Whether fewer than ``nums`` of ``devices`` (usable ones) could each hold ``memreq`` MiB:
+    none at all, or (no device among them serving several picks) fewer than ``nums``, under
+    ``numa_bind`` on every NUMA node."""
+    fit = [(numa, again) for grant, numa, again in devices if grant >= memreq]
+    if not fit:
+        return True
+    if (len(fit) >= nums and not numa_bind) or any(again for _, again in fit):
+        return False
+    if len(fit) < nums:
+        return True
+    per_numa: dict[int, int] = {}
+    for numa, _ in fit:
+        per_numa[numa] = per_numa.get(numa, 0) + 1
+    return max(per_numa.values()) < nums
+
+
 def _every(device: DeviceInfo) -> bool:
     return True
 
 
-def _usable(vendor: Any, req: Any, annotations: Mapping[str, str]) -> tuple[Hashable, Callable[[DeviceInfo], bool]]:
-    """``(key, test)`` for :meth:`MemoryCeilings.below`: the devices ``req`` could ever use, as the
+def _usable(vendor: Any, req: Any, annotations: Mapping[str, str]) -> Usable:
+    """:class:`Usable` for :meth:`MemoryCeilings.below`: the devices ``req`` could ever use, as the
     walk's static checks see them (:func:`hami.core.fit.static_reason` less the cordon: healthy,
-    served, passing the vendor's ``device_filter`` for the pod's selection). A selection that
-    names no UUIDs answers per model and mode (as :meth:`SummaryRefusal.static` reads it), once
-    each. A selection that cannot be hashed: the health check alone (a ceiling over more devices
-    marks fewer nodes)."""
+    served, passing the vendor's ``device_filter`` for the pod's selection), whether one may
+    serve several picks (the vendor's ``repeats``) and the selection's NUMA binding. A
+    selection that names no UUIDs answers per model and mode (as :meth:`SummaryRefusal.static`
+    reads it), once each. A selection that cannot be hashed: the health check alone, repeats
+    unknown and no NUMA binding (a ceiling over more devices marks fewer nodes)."""
     sel = vendor.selection(annotations)
     try:
         key: Hashable = (vendor.name, req, sel)
         hash(key)
     except TypeError:
-        return (vendor.name, "healthy"), _healthy
+        return Usable((vendor.name, "healthy"), _healthy)
     name = vendor.name
     by_kind: dict[tuple[str, str], bool] | None = (
         None if getattr(sel, "use_uuids", None) or getattr(sel, "nouse_uuids", None) else {}
@@ -542,7 +605,10 @@ def _usable(vendor: Any, req: Any, annotations: Mapping[str, str]) -> tuple[Hash
             got = by_kind[(d.type, d.mode)] = vendor.serves(d, req) and vendor.device_filter(d, req, sel) is None
         return got
 
-    return key, test
+    def repeats(d: DeviceInfo) -> bool:
+        return bool(vendor.repeats(d, sel))
+
+    return Usable(key, test, repeats, bool(getattr(sel, "numa_bind", False)))
 
 
 def _healthy(device: DeviceInfo) -> bool:

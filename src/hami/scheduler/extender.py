@@ -53,8 +53,9 @@ from .state import VGPU_NODE, ClusterState
 log = logging.getLogger(__name__)
 
 #: codes no eviction can cure on their own (the GPU's model, UUID, health or cordon; a node
-#: without a registration, or one the node selector leaves out); a refusal's ``final`` flag (too
-#: few devices of the vendor, or none it could use with the memory asked) says the same for the others
+#: without a registration, or one the node selector leaves out); a refusal's ``final`` flag (fewer
+#: devices than a container asks that it could ever use: type, UUID, health, memory in all, on one
+#: NUMA node under numa-bind) says the same for the others
 UNRESOLVABLE = frozenset(
     {
         Reason.CARD_TYPE_MISMATCH,
@@ -261,7 +262,7 @@ class Extender:
         # binds in flight on a node from which it counts as busy: one is fine (a Bind waits for one
         # handoff at most, and pods arriving one after the other keep binpack's order), more queue
         self.queue_depth = 2
-        self._ceilings = MemoryCeilings()  # marks memory refusals no eviction cures
+        self._ceilings = MemoryCeilings()  # marks refusals no eviction cures
         # unschedulable answers, given again to kube-scheduler's retries while nothing they read
         # has changed (hami.scheduler.retries)
         self.retries = RetryAnswers()
