@@ -104,9 +104,33 @@ _SHARED_DIR_MODE = 0o1777  # `<tmp>/hami-exec` (--shared): root's, every user's,
 _PRIVATE_REGION_MODE = 0o600
 _SHARED_REGION_MODE = 0o644  # peers only read it (HAMI_PEER_REGIONS maps it read-only)
 _DIR_HINT = "set TMPDIR to a directory of your own or name a region with --cache FILE"
+# Directories above the region directory are opened O_PATH: looked up and fstat'ed without read
+# permission (a root-owned 0711 /home or /scratch); the region directory itself O_RDONLY (fchmod
+# needs a real descriptor). Neither follows a symbolic link.
+_PATH_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _REGION_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _REGION_TRIES = 100
+_UID_MAP = "/proc/self/uid_map"
+_OVERFLOW_UID = "/proc/sys/kernel/overflowuid"
+_IDENTITY_UID_MAP = [b"0", b"0", b"4294967295"]
+_DEFAULT_OVERFLOW_UID = 65534
+
+# Threat model of the region directory (found by review, 1 Dec):
+# * A caller that is not root (euid != 0) trusts the TMPDIR it runs with: only its own
+#   `<tmp>/hami-exec-<uid>` is checked (a directory, not a link, owned by it, made 0700 through
+#   its descriptor). Whoever controls a directory above it (its owner, or anyone when it is
+#   writable without the sticky bit) could swap the region directory, but only for a task of
+#   this caller, which chose that TMPDIR; refusing it would refuse a Kubernetes emptyDir /tmp
+#   (root's, 0777, not sticky) or a user's own 0775 ~/tmp for nothing.
+# * Root (euid 0) run with another user's TMPDIR (`sudo -E`) would put root's region where that
+#   user can swap it, so for root every directory from `/` to `<tmp>` must be owned by root (or
+#   the caller) and writable by no one else unless sticky; group-writable is fine when the group
+#   is the caller's own primary group. Inside a user namespace whose uid map is not the identity
+#   (rootless podman, bubblewrap, an unprivileged container bind-mounting the host's /tmp), host
+#   root is unmapped and shows as the overflow uid (/proc/sys/kernel/overflowuid, 65534): that
+#   uid counts as root there. It also stands for every other unmapped host user, which the
+#   namespace cannot tell apart; whoever made the namespace chose what it mounts.
 
 
 def _shared_hint(d: str) -> str:
@@ -121,36 +145,80 @@ def _tmp_source() -> str:
     return f"TMPDIR={tmpdir!r}" if tmpdir else "TMPDIR unset"
 
 
-def _open_trusted_tmp(tmp: str) -> int:
-    """A descriptor of the temporary directory `tmp` (absolute, links resolved), opened one
-    component at a time from `/` without following a link, each directory checked on the way:
-    owned by root or by this user, and not writable by others unless sticky. Its owner or, when
-    not sticky, anyone who can write to it can rename an entry, so an untrusted one could swap
-    our region directory for theirs between its check and the region's creation (root run with
-    another user's TMPDIR, `sudo -E`; found by review, 1 Dec). Refused, not replaced by /tmp:
-    the caller asked for that TMPDIR, and a silent fallback would hide the problem."""
-    uid = os.getuid()
+def _unmapped_uid() -> int | None:
+    """The uid that unmapped users (host root among them) show as when this process is in a user
+    namespace whose uid map is not the identity `0 0 4294967295`; None outside one (or when
+    /proc cannot tell: then nothing is taken for root but uid 0)."""
+    try:
+        with open(_UID_MAP, "rb") as f:
+            if f.read().split() == _IDENTITY_UID_MAP:
+                return None
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(_OVERFLOW_UID, "rb") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return _DEFAULT_OVERFLOW_UID
+
+
+def _untrusted_why(at: str, st: os.stat_result, uid: int, gid: int, unmapped: int | None) -> str | None:
+    """Why root must not use the directory `at` (fstat `st`) on its TMPDIR's path, or None."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, uid, unmapped):
+        seen = f" (the user namespace's overflow uid {unmapped} counts as root)" if unmapped is not None else ""
+        owners = "root" if uid == 0 else f"root or uid {uid}"
+        return f"{at!r} is owned by uid {st.st_uid}, not by {owners}{seen}; {_DIR_HINT}"
+    if mode & stat.S_ISVTX:
+        return None
+    if mode & 0o002:
+        return (
+            f"{at!r} is writable by every user without the sticky bit (mode {oct(mode)}); make it sticky "
+            f"(`chmod +t {at}`, as /tmp is 1777), or {_DIR_HINT}"
+        )
+    if mode & 0o020 and st.st_gid != gid:
+        return (
+            f"{at!r} is writable by group gid {st.st_gid} (not gid {gid}, the caller's) without the sticky "
+            f"bit (mode {oct(mode)}); make it sticky (`chmod +t {at}`) or not group-writable (`chmod g-w {at}`), "
+            f"or {_DIR_HINT}"
+        )
+    return None
+
+
+def _open_tmp(tmp: str) -> int:
+    """An O_PATH descriptor of the temporary directory `tmp` (absolute, links resolved). For root
+    (see the threat model above) it is opened one component at a time from `/` without following
+    a link, each directory checked on the way (:func:`_untrusted_why`): its owner or, when not
+    sticky, anyone who can write to it can rename an entry, so an untrusted one could swap root's
+    region directory for theirs between its check and the region's creation (root run with
+    another user's TMPDIR, `sudo -E`). Refused, not replaced by /tmp: the caller asked for that
+    TMPDIR, and a silent fallback would hide the problem. Another caller's TMPDIR is opened as
+    it is (found by review, 1 Dec)."""
+    if os.geteuid() != 0:
+        try:
+            return os.open(tmp, _PATH_FLAGS)
+        except OSError as exc:
+            raise ExecError(
+                f"temporary directory {tmp!r} ({_tmp_source()}): cannot open it: {exc.strerror} ({_DIR_HINT})"
+            ) from exc
+    uid, gid, unmapped = os.getuid(), os.getgid(), _unmapped_uid()
     at = "/"
     fd = -1
     try:
-        fd = os.open(at, _DIR_FLAGS)
         for part in [""] + [p for p in tmp.split("/") if p]:
             if part:
-                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                at = os.path.join(at, part)  # named before it is opened: an error names this one
+                nfd = os.open(part, _PATH_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
-                at = os.path.join(at, part)
-            st = os.fstat(fd)
-            if st.st_uid not in (0, uid):
-                why = f"{at!r} is owned by uid {st.st_uid}, not by root or uid {uid}"
-            elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-                why = f"{at!r} is writable by others without the sticky bit (mode {oct(stat.S_IMODE(st.st_mode))})"
             else:
-                continue
-            raise ExecError(
-                f"temporary directory {tmp!r} ({_tmp_source()}): {why}, refused: another user could swap "
-                f"the region directory in it ({_DIR_HINT})"
-            )
+                fd = os.open("/", _PATH_FLAGS)
+            why = _untrusted_why(at, os.fstat(fd), uid, gid, unmapped)
+            if why is not None:
+                raise ExecError(
+                    f"temporary directory {tmp!r} ({_tmp_source()}): {why} (refused for root: another user "
+                    f"could swap the region directory in it)"
+                )
     except OSError as exc:
         if fd >= 0:
             os.close(fd)
@@ -166,21 +234,24 @@ def _open_trusted_tmp(tmp: str) -> int:
 def _exec_dir(shared: bool = False) -> tuple[Path, int]:
     """The directory of a fresh region and an open descriptor of it: `<tmp>/hami-exec-<uid>`
     (this user's, 0700), or with --shared the machine-wide `<tmp>/hami-exec` (root's, sticky,
-    1777), where tasks of every user see each other's priority. `<tmp>` must be trusted
-    (:func:`_open_trusted_tmp`); the directory is looked up and checked through its descriptor,
-    without following a symbolic link: a directory owned by this user (the shared one: by root,
-    mode 1777). Another local user who made it first could otherwise swap the names in it, and a
-    shared directory made by a user (as `hami exec` did before) is theirs: only root makes it
-    (found by review, 1 Dec)."""
+    1777), where tasks of every user see each other's priority. `<tmp>` is opened by
+    :func:`_open_tmp` (checked from `/` for root); the directory is looked up and checked through
+    its descriptor, without following a symbolic link: a directory owned by this user (the shared
+    one: by root, mode 1777). Another local user who made it first could otherwise swap the names
+    in it, and a shared directory made by a user (as `hami exec` did before) is theirs: only root
+    makes it (found by review, 1 Dec)."""
     uid = os.getuid()
-    tmp = os.path.realpath(tempfile.gettempdir())
+    try:
+        tmp = os.path.realpath(tempfile.gettempdir())
+    except OSError as exc:
+        raise ExecError(f"temporary directory ({_tmp_source()}): {exc.strerror or exc} ({_DIR_HINT})") from exc
     name = "hami-exec" if shared else f"hami-exec-{uid}"
     d = os.path.join(tmp, name)
     label = "--shared: directory" if shared else "region directory"
     owner = 0 if shared else uid
     want = _SHARED_DIR_MODE if shared else _PRIVATE_DIR_MODE
     hint = _shared_hint(d) if shared else _DIR_HINT
-    pfd = _open_trusted_tmp(tmp)
+    pfd = _open_tmp(tmp)
     fd = -1
     try:
         if uid == owner:  # only root makes the shared one
@@ -242,12 +313,15 @@ def _new_region(directory: Path, dir_fd: int, mode: int) -> Path:
     to the descriptor, O_CREAT|O_EXCL|O_NOFOLLOW under a random name (a name another user made
     first, file or link, is never reused: another name is tried), given `mode` through its
     descriptor (a name can be a symbolic link by the time a chmod by name runs), and still the
-    file at its path afterwards (found by review, 1 Dec).
+    file at its path afterwards (found by review, 1 Dec). Every failure is one ExecError line
+    naming the path and the error.
 
-    libvgpu gets a path, not the descriptor. That is safe: every directory of `<tmp>` is owned by
-    root or this user and not writable by others without the sticky bit, so no other user can
-    rename an entry on the path; the per-user directory is this user's, 0700, and in the shared
-    one (root's, sticky) only the file's owner (or root) can rename or remove the file."""
+    libvgpu gets a path, not the descriptor. For root that is safe: every directory of `<tmp>` is
+    owned by root (or the caller) and writable by no other user (bar the caller's primary group)
+    unless sticky, so no other user can rename an entry on the path; the per-user directory is the caller's, 0700, and in the shared
+    one (root's, sticky) only the file's owner (or root) can rename or remove the file. For
+    another caller, a directory above `<tmp>` it does not control can only hurt its own task
+    (the threat model above)."""
     fd = -1
     name = ""
     for _ in range(_REGION_TRIES):
@@ -265,20 +339,40 @@ def _new_region(directory: Path, dir_fd: int, mode: int) -> Path:
         raise ExecError(f"region directory {str(directory)!r}: no free region file name in {_REGION_TRIES} tries")
     path = directory / name
     try:
-        os.fchmod(fd, mode)
-        st = os.fstat(fd)
+        try:
+            os.fchmod(fd, mode)
+            st = os.fstat(fd)
+        except OSError as exc:
+            _remove_quietly(name, dir_fd)
+            raise ExecError(f"region file {str(path)!r}: cannot set its mode {oct(mode)}: {exc.strerror}") from exc
         try:
             at_path = os.lstat(path)
         except OSError:
             at_path = None
         if at_path is None or (at_path.st_dev, at_path.st_ino) != (st.st_dev, st.st_ino):
-            os.unlink(name, dir_fd=dir_fd)
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise ExecError(
+                    f"region file {str(path)!r}: replaced after it was created, and cannot be removed: "
+                    f"{exc.strerror}, refused"
+                ) from exc
             raise ExecError(
                 f"region file {str(path)!r}: replaced after it was created (the path no longer names it), refused"
             )
     finally:
         os.close(fd)
     return path
+
+
+def _remove_quietly(name: str, dir_fd: int) -> None:
+    """Remove the region file just made (a failure is already being reported)."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
 
 
 def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:

@@ -9,7 +9,11 @@ Tests run as root: other owners are simulated with os.chown to uid 1000."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
@@ -283,7 +287,9 @@ def _owned(path, uid, dir_mode):
 )
 def test_untrusted_tmp_parent_is_refused_naming_tmpdir(tmp_path, monkeypatch, case):
     """Found by review, 1 Dec: root run with another user's TMPDIR (sudo -E): that user owns the
-    parent of hami-exec-0 and could swap it; refused, naming TMPDIR and the untrusted directory."""
+    parent of hami-exec-0 and could swap it; refused, naming TMPDIR and the untrusted directory.
+    Root's world-writable non-sticky TMPDIR (emptyDir) stays refused for root, saying how to fix
+    it (second review, 1 Dec: a non-root caller uses it, see test_non_root_trusts_its_tmpdir)."""
     if case == "grandparent-other-owner":
         bad = _owned(tmp_path / "home", OTHER_UID, 0o755)
         t = _owned(bad / "t", 0, 0o1777)
@@ -300,6 +306,8 @@ def test_untrusted_tmp_parent_is_refused_naming_tmpdir(tmp_path, monkeypatch, ca
             plan(tmp_path, *extra)
         msg = str(err.value)
         assert f"TMPDIR={str(t)!r}" in msg and repr(str(bad)) in msg and "refused" in msg
+        if case == "root-0777-not-sticky":
+            assert f"chmod +t {t}" in msg and "--cache FILE" in msg
     assert os.listdir(t) == []
 
 
@@ -317,3 +325,224 @@ def test_trusted_tmp_parent_is_used(tmp_path, monkeypatch, case):
     monkeypatch.setattr(execcmd.tempfile, "tempdir", str(t))
     env = plan(tmp_path).env
     assert os.path.dirname(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]) == str(mine) == env["HAMI_PEER_REGIONS"]
+
+
+# --- found by the regression review of fc639ac, 1 Dec: the walk from / refused legitimate
+# TMPDIRs (user namespaces, emptyDir /tmp, a user's 0775 ~/tmp, 0711 /home) and named the wrong
+# directory; a failure on the region file was a traceback. The walk is now root's only.
+
+
+def _as_caller(monkeypatch, uid: int, gid: int | None = None) -> None:
+    """Run `hami exec` as if uid (real and effective) and primary gid were these (the test is root)."""
+    monkeypatch.setattr(execcmd.os, "getuid", lambda: uid)
+    monkeypatch.setattr(execcmd.os, "geteuid", lambda: uid)
+    monkeypatch.setattr(execcmd.os, "getgid", lambda: uid if gid is None else gid)
+
+
+def _use_tmpdir(monkeypatch, t) -> None:
+    monkeypatch.setenv("TMPDIR", str(t))
+    monkeypatch.setattr(execcmd.tempfile, "tempdir", str(t))
+
+
+def _region_dir(tmp_path) -> str:
+    env = plan(tmp_path).env
+    assert env["HAMI_PEER_REGIONS"] == os.path.dirname(env["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+    return env["HAMI_PEER_REGIONS"]
+
+
+@pytest.mark.parametrize("caller", [OTHER_UID, 0], ids=["user", "root"])
+def test_non_root_trusts_its_tmpdir_root_is_told_how_to_fix_it(tmp_path, monkeypatch, caller):
+    """Found by review, 1 Dec: a Kubernetes emptyDir /tmp (root's, 0777, not sticky) was refused
+    to every caller; a user (uid 1000) uses it (whoever could swap its hami-exec-1000 can only hurt
+    that user's own task), root is refused saying `chmod +t` or --cache."""
+    t = _owned(tmp_path / "emptydir", 0, 0o777)
+    _use_tmpdir(monkeypatch, t)
+    _as_caller(monkeypatch, caller)
+    mine = t / f"hami-exec-{caller}"
+    if caller:
+        _owned(mine, caller, 0o755)
+        assert _region_dir(tmp_path) == str(mine) and mode(mine) == 0o700
+    else:
+        with pytest.raises(execcmd.ExecError, match="writable by every user without the sticky bit") as err:
+            plan(tmp_path)
+        assert f"chmod +t {t}" in str(err.value) and "--cache FILE" in str(err.value)
+        assert os.listdir(t) == []
+
+
+@pytest.mark.parametrize(
+    "case, accepted",
+    [
+        ("user-own-0775", True),
+        ("user-under-other-owner", True),
+        ("root-group-root-0775", True),
+        ("root-other-group-0775", False),
+    ],
+)
+def test_group_writable_tmpdir(tmp_path, monkeypatch, case, accepted):
+    """Found by review, 1 Dec: a user's own ~/tmp made 0775 (umask 002, user-private group) was
+    refused; for a user any TMPDIR is its choice (also one under another user's directory); for
+    root, group-writable is fine when the group is root's own (gid 0), refused for another group."""
+    caller = 0 if case.startswith("root") else OTHER_UID
+    parent = tmp_path
+    if case == "user-under-other-owner":
+        parent = _owned(tmp_path / "theirs", OTHER_UID + 1, 0o755)
+    t = _owned(parent / "tmp", caller, 0o775)
+    if case == "root-other-group-0775":
+        os.chown(t, 0, OTHER_UID)
+    _use_tmpdir(monkeypatch, t)
+    _as_caller(monkeypatch, caller)
+    mine = t / f"hami-exec-{caller}"
+    if caller:
+        _owned(mine, caller, 0o700)
+    if accepted:
+        assert _region_dir(tmp_path) == str(mine)
+    else:
+        with pytest.raises(execcmd.ExecError, match=f"writable by group gid {OTHER_UID}") as err:
+            plan(tmp_path)
+        assert repr(str(t)) in str(err.value) and f"chmod g-w {t}" in str(err.value)
+
+
+def _fake_proc(tmp_path, monkeypatch, uid_map: str, overflow: str) -> None:
+    (tmp_path / "uid_map").write_text(uid_map)
+    (tmp_path / "overflowuid").write_text(overflow)
+    monkeypatch.setattr(execcmd, "_UID_MAP", str(tmp_path / "uid_map"), raising=False)
+    monkeypatch.setattr(execcmd, "_OVERFLOW_UID", str(tmp_path / "overflowuid"), raising=False)
+
+
+@pytest.mark.parametrize(
+    "uid_map, accepted",
+    [("         0       1000          1\n", True), ("         0          0 4294967295\n", False)],
+    ids=["user-namespace", "identity-map"],
+)
+def test_overflow_uid_counts_as_root_in_a_user_namespace(tmp_path, monkeypatch, uid_map, accepted):
+    """Found by review, 1 Dec: root in a user namespace where host root is unmapped (rootless
+    podman; /proc/self/uid_map `0 1000 1`) sees / and /tmp owned by the overflow uid (here 4242,
+    read from /proc/sys/kernel/overflowuid): every TMPDIR was refused. That uid counts as root
+    there; with the identity map (no user namespace) it is another user, refused."""
+    _fake_proc(tmp_path, monkeypatch, uid_map, "4242\n")
+    host = _owned(tmp_path / "host", 4242, 0o755)
+    t = _owned(host / "tmp", 4242, 0o1777)
+    _use_tmpdir(monkeypatch, t)
+    if accepted:
+        assert _region_dir(tmp_path) == str(t / "hami-exec-0")
+    else:
+        with pytest.raises(execcmd.ExecError, match="owned by uid 4242, not by root") as err:
+            plan(tmp_path)
+        assert repr(str(host)) in str(err.value)
+
+
+def test_execute_only_ancestor_is_looked_up_not_read(tmp_path, monkeypatch):
+    """Found by review, 1 Dec: a root-owned 0711 ancestor (hardened /home, HPC /scratch) was opened
+    O_RDONLY, refused to a caller that cannot read it (root in a user namespace); ancestors are
+    now opened O_PATH. The kernel's EACCES for that caller is played by os.open (the test is root)."""
+    xonly = _owned(tmp_path / "home", 0, 0o711)
+    t = _owned(xonly / "t", 0, 0o1777)
+    _use_tmpdir(monkeypatch, t)
+    xo = os.stat(xonly)
+    real_open = os.open
+    reads = []
+
+    def open_without_read_permission(path, flags, mode=0o777, *, dir_fd=None):
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == (xo.st_dev, xo.st_ino) and not flags & os.O_PATH:
+            os.close(fd)
+            reads.append(path)
+            raise PermissionError(13, "Permission denied")
+        return fd
+
+    monkeypatch.setattr(execcmd.os, "open", open_without_read_permission)
+    assert _region_dir(tmp_path) == str(t / "hami-exec-0")
+    assert reads == []
+
+
+def test_open_error_names_the_directory_that_failed(tmp_path, monkeypatch):
+    """Found by review, 1 Dec: TMPDIR <tmp_path>/file/t with `file` a regular file: the error named
+    <tmp_path> (the last directory opened), not `file`, the one that failed."""
+    (tmp_path / "file").write_text("")
+    t = tmp_path / "file" / "t"
+    _use_tmpdir(monkeypatch, t)
+    with pytest.raises(execcmd.ExecError) as err:
+        plan(tmp_path)
+    msg = str(err.value)
+    assert f"cannot open {str(tmp_path / 'file')!r}: Not a directory" in msg
+    assert f"cannot open {str(tmp_path)!r}" not in msg
+
+
+def test_region_file_failure_is_one_error_line(tmp, tmp_path, monkeypatch):
+    """Found by review, 1 Dec: a failing fchmod of the new region file (EPERM, e.g. a filesystem
+    that refuses modes) was a bare OSError (traceback); now one line naming the file and the
+    error, and the file is removed."""
+    real_fchmod = os.fchmod
+
+    def fchmod(fd, m):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PermissionError(1, "Operation not permitted")
+        return real_fchmod(fd, m)
+
+    monkeypatch.setattr(execcmd.os, "fchmod", fchmod)
+    mine = tmp / f"hami-exec-{os.getuid()}"
+    with pytest.raises(execcmd.ExecError) as err:
+        plan(tmp_path)
+    msg = str(err.value)
+    assert msg.startswith(f"region file '{mine}/hami-exec-") and "Operation not permitted" in msg
+    assert "\n" not in msg and os.listdir(mine) == []
+
+
+_USERNS_CHILD = r"""
+import ctypes, os, sys
+from hami import execcmd  # imported first: the host's files may not be readable in the namespace
+host = int(sys.argv[1])
+r, w = os.pipe()
+r2, w2 = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r); os.close(w2)
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:  # CLONE_NEWUSER
+        print("SKIP unshare: errno", ctypes.get_errno(), flush=True)
+        os._exit(0)
+    os.write(w, b"x")
+    os.read(r2, 1)
+    os.setgid(0); os.setuid(0)
+    try:
+        d, fd = execcmd._exec_dir(False)
+        print("OK", execcmd._new_region(d, fd, 0o600), flush=True)
+    except Exception as exc:
+        print("ERR", type(exc).__name__, exc, flush=True)
+    os._exit(0)
+os.close(w); os.close(r2)
+if os.read(r, 1):
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {host} 1"), ("gid_map", f"0 {host} 1")):
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(text)
+    os.write(w2, b"x")
+os.waitpid(pid, 0)
+"""
+
+
+def test_root_of_a_real_user_namespace_uses_a_tmpdir_under_host_roots_dirs(tmp_path):
+    """Found by review, 1 Dec: root of a user namespace mapped to host uid 1000 (rootless podman,
+    bubblewrap) sees / and /tmp owned by 65534 and a host-root 0711 directory it cannot read:
+    its own TMPDIR below them was refused ("'/' is owned by uid 65534"). Real namespace, needs root."""
+    st = os.stat("/tmp")
+    if os.geteuid() != 0 or st.st_uid != 0 or not st.st_mode & stat.S_ISVTX:
+        pytest.skip("needs root and a root-owned sticky /tmp")
+    base = tempfile.mkdtemp(prefix="hami-userns-", dir="/tmp")
+    try:
+        os.chmod(base, 0o711)  # host root's, execute-only
+        t = os.path.join(base, "t")
+        os.mkdir(t)
+        os.chown(t, OTHER_UID, OTHER_UID)
+        src = os.path.dirname(os.path.dirname(execcmd.__file__))
+        env = {**os.environ, "TMPDIR": t, "PYTHONPATH": src}
+        out = subprocess.run(
+            [sys.executable, "-c", _USERNS_CHILD, str(OTHER_UID)], env=env, capture_output=True, text=True, timeout=60
+        )
+        line = out.stdout.strip()
+        if line.startswith("SKIP") or not line:
+            pytest.skip(f"no user namespace here: {line or out.stderr.strip()[-300:]}")
+        assert line.startswith(f"OK {t}/hami-exec-0/hami-exec-"), line
+        region = line.split(" ", 1)[1]
+        assert os.stat(region).st_uid == OTHER_UID and mode(region) == 0o600
+    finally:
+        shutil.rmtree(base)
