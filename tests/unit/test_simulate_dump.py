@@ -164,7 +164,8 @@ def test_a_pod_bound_by_node_name_alone_keeps_its_place_after_the_placed_ones(tm
 
 
 def test_events_after_the_dump_still_play_in_file_order(tmp_path, capsys):
-    # a pod placed before the sequence is deleted in it: the GPU is free from that point only
+    # a pod placed before the sequence is deleted in it: the GPU is free from that point only, and
+    # "before", pending until then, takes it on kube-scheduler's retry (since 1 Dec: review)
     docs = [
         pod_doc("before", GPU),
         placed("old", "solo", "GPU-solo-0"),
@@ -175,9 +176,9 @@ def test_events_after_the_dump_still_play_in_file_order(tmp_path, capsys):
     ]
     pods, data, _ = run(tmp_path, capsys, [node("solo")], docs)
     assert [(p["name"], p["status"]) for p in data["pods"]] == [
-        ("before", "pending"),
+        ("before", "scheduled"),
         ("old", "deleted"),
-        ("after", "scheduled"),
+        ("after", "pending"),
     ]
     assert held(data) == {"GPU-solo-0": (1, 10000, 0)}
 

@@ -16,6 +16,17 @@ ResourceQuota document sets namespace quota from that point on. A new pod with
 ``spec.schedulingGates`` (Kueue's, say) stays pending, holding nothing, with the reason
 ``*: scheduling gated (<names>)``: kube-scheduler does not schedule it while it is gated.
 
+A pod left pending by its scheduling attempt is retried, as kube-scheduler retries its
+unschedulable pods (:meth:`_Run.retry`): after deletions (in a row) that free something (GPUs, a
+node's cpu, memory or pods, a cordon), the pods pending then are tried again in their arrival
+order (the order the simulation schedules pods in: it does not read ``spec.priority``), before the
+next document, and a pod that fits is placed there (``scheduled``, with :attr:`PodOutcome.note`
+saying so); after the last document every pod still pending is tried once more, so its reasons
+are those of the final ledger the report shows (until 1 Dec a pod kept the reasons of its first
+attempt, next to a GPU the file had freed since: review). A retry does not admit the pod again:
+the webhook and the API server's quota saw it once, at its creation, and a pod they refused
+(``denied``) is never retried.
+
 As in a cluster: a pod the file creates loses the uid its manifest gives (the API server gives
 its own), and two pods holding grants under one uid stop the run (:class:`Uids`); a running pod's
 allocation annotations are read as the scheduler's cache reads them (:mod:`hami.core.grants`: the
@@ -30,11 +41,12 @@ cpu, memory and pods runs with its node filters (:class:`NodeResources`).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Container, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Container, Iterable, Mapping, Sequence
 
 from sortedcontainers import SortedList
 
@@ -85,6 +97,8 @@ class PodOutcome:
     node: str | None = None
     containers: list[dict] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
+    #: how a pod left pending at its creation came to be placed later (kube-scheduler's retry), or ""
+    note: str = ""
 
 
 @dataclass
@@ -458,6 +472,7 @@ class NodeResources:
         self.allocatable = {n: dict(a) for n, a in allocatable.items() if a}
         self.held: dict[str, tuple[str, Mapping[str, int]]] = {}  # pod ref -> (node, its requests)
         self.used: dict[str, dict[str, int]] = {n: dict.fromkeys(FIT_RESOURCES, 0) for n in self.allocatable}
+        self.changes = 0  # how many times what is left changed
         #: resource -> (what is left, node) of the nodes that give it, in order
         self.left: dict[str, SortedList] = {
             r: SortedList((a[r], n) for n, a in self.allocatable.items() if r in a) for r in FIT_RESOURCES
@@ -465,6 +480,7 @@ class NodeResources:
 
     def _add(self, node: str, requests: Mapping[str, int], sign: int) -> None:
         have, used = self.allocatable[node], self.used[node]
+        self.changes += 1
         for r in FIT_RESOURCES:
             n = 1 if r == "pods" else requests.get(r, 0)
             if not n:
@@ -601,7 +617,7 @@ def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict
 
     out = []
     for ci, (c, _) in enumerate(ordered_containers(pod)):
-        devs = []
+        devs: list[dict] = []
         for vendor in sorted(devices):
             per = devices[vendor]
             if ci < len(per):
@@ -831,12 +847,19 @@ def simulate(
             run.api_quota.count(doc.ref, doc.obj, doc.label)
     for i in play_order(docs):
         doc = docs[i]
+        if doc is None or not doc.delete:
+            run.requeue()  # the deletions just before free room: the pending pods are tried again
         if doc is None:
             run.other(objects[i][1], objects[i][0])
         elif doc.delete:
             run.delete(doc)
         else:
             run.add(doc)
+    run.requeue()
+    # kube-scheduler goes on retrying its unschedulable pods (a pod the extender refused, on any
+    # cluster event; every pod, at the latest after its periodic flush): the pods still pending are
+    # tried against the cluster as the file leaves it, so their reasons are those of the final ledger
+    run.retry(f"pending until the end of {sources[1]}, placed when kube-scheduler retried it")
     return run.result()
 
 
@@ -874,6 +897,14 @@ class _Run:
         self.registered: dict[str, NodeDevices] = {}  # node -> its devices before such cordons
         self.api_quota = ApiServerQuota(sources[1])  # the API server's quota on extended resources
         self.created: dict[str, dict] = {}  # ref -> a pod being created as the webhook admitted it
+        #: ref -> (its document, the pod as admitted) of each pod pending after a scheduling attempt,
+        #: in arrival order: kube-scheduler's unschedulable pods, tried again by :meth:`retry`
+        #: (what the attempt read: :meth:`state`, when it was tried on every node)
+        self.waiting: dict[str, tuple[PodDoc, dict, tuple[int, int]]] = {}
+        self.widened: set[str] = set()  # namespaces whose quota room may have grown since the last retry
+        self.deleted: list[tuple[str, str]] = []  # (label, ref) of the deletions that free something, not retried yet
+        self.freed: set[str] = set()  # the nodes where they freed something
+        self.position = {n: i for i, n in enumerate(ledger.node_names())}  # the ledger's node order
 
     def result(self) -> SimResult:
         pods = [o for _, o in sorted(self.outcomes.values(), key=lambda pair: pair[0])]
@@ -899,6 +930,7 @@ class _Run:
                 f"placed without it ({_names(before)}): a quota applies from its place in the file on; to "
                 "apply it to every pending pod, list the quotas first (kubectl get resourcequotas,pods -A -o yaml)"
             )
+        self.widened.add(namespace)
         try:
             self.ledger.set_quota(
                 namespace,
@@ -910,25 +942,100 @@ class _Run:
             raise SimulationError(f"{self.sources[1]}: {exc}") from None
 
     def delete(self, doc: PodDoc) -> None:
-        """The pod of this namespace/name goes, and its devices with it (whatever its uid)."""
+        """The pod of this namespace/name goes, and its devices with it (whatever its uid); if it
+        held anything (GPUs, a node's cpu, memory or pods, a cordon), the pods pending now are
+        tried again once the deletions in a row that it is part of are done (:meth:`requeue`), as
+        kube-scheduler requeues its unschedulable pods when an assigned pod is deleted."""
         self.live.remove(pod_name(doc.obj))
+        self.waiting.pop(doc.ref, None)
+        freed: set[str] = set()  # the nodes it held something on
         key = self.keys.pop(doc.ref, None)
         if key is not None:
-            self.ledger.remove_pod(key)
+            alloc = self.ledger.remove_pod(key)
+            if alloc is not None:
+                freed.add(alloc.node)
             self.uids.release(key)
+        if doc.ref in self.resources.held:
+            freed.add(self.resources.held[doc.ref][0])
         self.resources.release(doc.ref)
         self.api_quota.uncount(doc.ref)
         gone = self.blind.pop(doc.ref, None)
         if gone is not None:
+            freed.add(gone[0])
             self._recordon(gone[0])
         if doc.ref in self.outcomes:
             self.outcomes[doc.ref][1].status = "deleted"
+        if key is not None:  # its grant leaves its namespace's quota room too, on every node
+            self.widened.add((doc.obj.get("metadata") or {}).get("namespace") or "default")
+        if freed or key is not None:
+            self.deleted.append((doc.label, doc.ref))
+            self.freed |= freed
+
+    def requeue(self) -> None:
+        """The retry (:meth:`retry`) that the deletions since the last other event make, on the
+        nodes they freed: called before each document that is not a deletion, and at the end."""
+        if not self.deleted:
+            return
+        (label, ref), n = self.deleted[0], len(self.deleted)
+        more = f" and {n - 1} more pod{'s' if n > 2 else ''} up to {self.deleted[-1][0]}" if n > 1 else ""
+        note = f"pending until {self.sources[1]}: {label} deleted {ref}{more}, then placed on kube-scheduler's retry"
+        freed, self.freed, self.deleted = self.freed, set(), []
+        self.retry(note, freed)
+
+    def retry(self, note: str, freed: AbstractSet[str] | None = None) -> None:
+        """kube-scheduler's retry of its unschedulable pods: each pod pending after its scheduling
+        attempt (:attr:`waiting`) is tried again, in arrival order, against the ledger as it is
+        now; one that fits is placed (``note`` says how). Nothing is admitted again (the webhook
+        and the API server's quota saw the pod at its creation: the quota counts it already, as a
+        pending pod).
+
+        With ``freed`` (after deletions: the nodes where they held something) a pod is tried on
+        those nodes only, unless its namespace's quota room grew since the last retry
+        (:attr:`widened`): the other nodes have only filled since its last attempt (deletions
+        always retry), where it did not fit; one that still does not fit keeps its outcome
+        until the last retry (``freed`` None, after the file's last document), which tries every
+        pod on every node and gives the reasons of that attempt (not a pod whose last attempt read
+        the same state, :meth:`state`: a dump's pending pods, tried after the pods holding GPUs).
+        Until a retry places a pod, a pod asking exactly what one that did not fit asked (same
+        namespace, labels, annotations and spec) does not fit either: it gets that pod's reasons
+        without a second attempt (a cluster's pending pods are mostly replicas)."""
+        widened, self.widened = self.quota_room_grew(), set()
+        failed: dict[tuple[str, bool], dict[str, str]] = {}  # (pod's shape, tried everywhere) -> reasons
+        for ref, (doc, admitted, state) in list(self.waiting.items()):
+            if freed is None and state == self.state():  # its reasons are those of this very state
+                continue
+            index, before = self.outcomes[ref]
+            only = None if freed is None or before.namespace in widened else freed
+            shape = (_shape(admitted), only is None)
+            out = PodOutcome(namespace=before.namespace, name=before.name, status="pending")
+            if shape in failed:
+                reasons = failed[shape]
+            else:
+                try:
+                    self._attempt(doc, out, admitted, only)
+                except CoreError as exc:
+                    raise SimulationError(f"{self.sources[1]}: {exc}") from None
+                if out.status != "pending":
+                    del self.waiting[ref]
+                    out.note = note
+                    self.outcomes[ref] = (index, out)
+                    failed.clear()  # (the reasons on its node change with it)
+                    continue
+                reasons = failed[shape] = out.reasons
+            if only is None:  # tried on every node: the reasons of this attempt
+                self.outcomes[ref] = (index, _stuck(out, admitted, dict(reasons)))
+
+    def quota_room_grew(self) -> set[str]:
+        """The namespaces whose quota room may have grown since the last retry (a grant deleted,
+        a ResourceQuota given): a retry tries their pods on every node."""
+        return {ns for ns in self.widened if self.ledger.quota_room(ns, self.config.vendors) is not None}
 
     def add(self, doc: PodDoc) -> None:
         self.live.add(pod_name(doc.obj), doc.obj, doc.label, RECREATE)
         if not finished(doc.obj) and running_on(doc.obj):
             self.resources.hold(doc.ref, running_on(doc.obj), doc.resources)
         self.outcomes.pop(doc.ref, None)
+        self.waiting.pop(doc.ref, None)
         outcome = self._place(doc)
         self.outcomes[doc.ref] = (doc.index, outcome)
         self.objects[doc.ref] = doc.obj
@@ -969,7 +1076,7 @@ class _Run:
             if bound_node(pod):
                 if created_by_file(pod) and (why := self.api_quota.refusal(pod, doc.label)):
                     return self._refused(out, pod, {"apiserver": why})
-                return self._fit_bound(pod, out)
+                return self._attempt(doc, out, admit_pod(pod, self.config.vendors)[0])
             return self._schedule(doc, out)
         except CoreError as exc:
             raise SimulationError(f"{self.sources[1]}: {exc}") from None
@@ -999,15 +1106,37 @@ class _Run:
         vendors = frozenset(v for n, vs in self.blind.values() if n == node for v in vs)
         self.ledger.set_node(cordon_vendors(registered, vendors))
 
-    def _fit_bound(self, pod: dict, out: PodOutcome) -> PodOutcome:
+    def _attempt(
+        self, doc: PodDoc, out: PodOutcome, admitted: dict, only: AbstractSet[str] | None = None
+    ) -> PodOutcome:
+        """One scheduling attempt of an admitted pod (its first, or a :meth:`retry`, on the nodes
+        ``only`` where given): a pod bound by ``spec.nodeName`` is fitted on that node, another
+        goes through kube-scheduler's node filters and HAMi's Filter. Left pending by what the
+        cluster holds, it waits in :attr:`waiting` for the next retry (not one whose Filter fails
+        on the pod itself)."""
+        bound = bound_node(doc.obj)
+        if bound:
+            if only is None or bound in only:
+                self._fit_bound(admitted, bound, out)
+        else:
+            self._fit(doc, out, admitted, only)
+        # ("*": the Filter failed on the pod itself; a retry on some nodes leaves its entry as it was)
+        if out.status == "pending" and "*" not in out.reasons and only is None:
+            self.waiting[doc.ref] = (doc, admitted, self.state())
+        return out
+
+    def state(self) -> tuple[int, int]:
+        """A number for what a scheduling attempt reads that changes (the ledger's generation,
+        NodeResourcesFit's changes): equal, an attempt gives the same answer."""
+        return self.ledger.generation(), self.resources.changes
+
+    def _fit_bound(self, admitted: dict, bound: str, out: PodOutcome) -> PodOutcome:
         """A pod bound by ``spec.nodeName`` without an allocation: fitted on that node alone."""
-        admitted, _ = admit_pod(pod, self.config.vendors)
-        bound = bound_node(pod)
         try:
-            result = schedule_pod(admitted, [bound] if bound else None, self.ledger, self.config, self.now)
+            result = schedule_pod(admitted, [bound], self.ledger, self.config, self.now)
         except CoreError as exc:  # the scheduler's Filter fails on the pod (e.g. a bad policy annotation)
             return _stuck(out, admitted, {"*": str(exc)})
-        if bound and not self.ledger.has_node(bound) and result.needs_devices and result.node is None:
+        if not self.ledger.has_node(bound) and result.needs_devices and result.node is None:
             return _stuck(out, admitted, {bound: unknown_node(bound, self.sources[0])})
         return self._outcome(out, admitted, result, {})
 
@@ -1044,12 +1173,24 @@ class _Run:
         scheduler = ((decision.pod or pod).get("spec") or {}).get("schedulerName")
         if scheduler != self.admission.scheduler_name:
             return _stuck(out, admitted, {"*": other_scheduler(scheduler, self.admission.scheduler_name)})
+        return self._attempt(doc, out, admitted)
+
+    def _fit(self, doc: PodDoc, out: PodOutcome, admitted: dict, only: AbstractSet[str] | None = None) -> PodOutcome:
+        """kube-scheduler's node filters and NodeResourcesFit, then HAMi's Filter on the nodes left
+        (of the nodes ``only``, where given: then a pod that fits none of them is left as it was)."""
         refused = self._filter(doc.asks)
         # NodeResourcesFit, on the usable nodes the filters above left (its words are written only
         # for a pod left pending: a filling cluster refuses hundreds of nodes to every pod)
         short = {n: r for n, r in self.resources.short(doc.resources, refused).items() if self.ledger.has_node(n)}
         left_out = refused.keys() | short.keys() if short else refused.keys()
-        candidates = None if not left_out else [n for n in self.ledger.node_names() if n not in left_out]
+        if only is not None:  # a retry on the nodes a deletion freed
+            candidates: list[str] | None = sorted(
+                (n for n in only if n in self.position and n not in left_out), key=self.position.__getitem__
+            )
+            if not candidates:
+                return out
+        else:
+            candidates = None if not left_out else [n for n in self.ledger.node_names() if n not in left_out]
         if candidates == []:
             return _stuck(out, admitted, {**refused, **self.resources.reasons(short, doc.resources or {})})
         try:
@@ -1080,6 +1221,14 @@ class _Run:
             out.containers = _containers(admitted, result.allocation.devices)
             self.keys[pod_ref(admitted)] = result.allocation.key
         return out
+
+
+def _shape(pod: Mapping[str, Any]) -> str:
+    """What the scheduler's answer for an admitted pod depends on: its namespace, labels,
+    annotations and spec (not its name or uid)."""
+    meta = pod.get("metadata") or {}
+    what = [meta.get("namespace") or "default", meta.get("labels"), meta.get("annotations"), pod.get("spec")]
+    return json.dumps(what, sort_keys=True, default=str)
 
 
 def _stuck(out: PodOutcome, pod: Mapping[str, Any], reasons: dict[str, str]) -> PodOutcome:
