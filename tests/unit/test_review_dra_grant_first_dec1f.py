@@ -16,7 +16,6 @@ import errno
 import os
 import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from hami.draplugin import plugin
 from hami.draplugin.prepare import PrepareError
 
 from .test_draplugin_lifecycle import Api, make, result
-from .test_review_dra_grant_mount_dec1e import _unshare_works, prepared
+from .test_review_dra_grant_mount_dec1e import _unshare_works, mount_survives, prepared
 
 
 async def lost_checkpoint(root):
@@ -60,28 +59,13 @@ async def test_a_first_prepare_keeps_the_grant_mounted_in_a_running_container(tm
     """Found by review, 1 Dec: pod P1 runs with the grant mounted (another mount namespace), the
     checkpoint is moved away, and the next prepare of the claim unmounted P1's grant."""
     driver, _, grant, first = await lost_checkpoint(tmp_path)
-    vgpu = tmp_path / "container-vgpu"
-    vgpu.mkdir()
-    target = vgpu / "hami-grant.env"
-    script = (  # as the runtime mounts a claim's container: the directory, then the grant read-only
-        f"mount --bind '{grant.parent}' '{vgpu}' && mount --bind -o ro '{grant}' '{target}' && "
-        f"echo mounted && read _ && grep -c ' {target} ' /proc/self/mountinfo; true"
-    )
-    container = subprocess.Popen(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert container.stdout is not None and container.stdout.readline().strip() == "mounted"
+
+    async def first_prepare() -> None:
         assert await driver.prepare("ns", "c", "u1") == first
-        out, _ = container.communicate("go\n")
-    finally:
-        if container.poll() is None:
-            container.kill()
-            container.wait()
-    assert out.strip() == "1", "P1's grant mount is gone after the claim's first prepare"
+
+    assert await mount_survives(grant, tmp_path, first_prepare), (
+        "P1's grant mount is gone after the claim's first prepare"
+    )
 
 
 async def test_a_first_prepare_rewrites_the_agents_grant_with_other_text_in_place(tmp_path):

@@ -55,15 +55,12 @@ def _unshare_works() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="needs root and unshare -m (a mount namespace of its own)")
-async def test_a_repeat_prepare_keeps_the_grant_mounted_in_a_running_container(tmp_path):
-    """Found by review, 1 Dec: a container's read-only mount of the grant (another mount
-    namespace) was gone after the claim's repeat prepare; the kernel unmounts a mount point
-    another namespace renames a file over."""
-    driver, _, _, grant, first = await prepared(tmp_path)
-    # as the runtime mounts a claim's container: the claim directory at <hook>/vgpu, then the
-    # grant file read-only over its own name there (the same dentry as on the host)
-    vgpu = tmp_path / "container-vgpu"
+async def mount_survives(grant: Path, root: Path, act) -> bool:
+    """Whether a container's read-only mount of ``grant`` (a mount namespace of its own, mounted as
+    the runtime mounts a claim's container: the claim directory at ``<hook>/vgpu``, then the grant
+    file read-only over its own name there, the same dentry as on the host) is still there after
+    ``await act()``."""
+    vgpu = root / "container-vgpu"
     vgpu.mkdir()
     target = vgpu / "hami-grant.env"
     script = (
@@ -78,13 +75,26 @@ async def test_a_repeat_prepare_keeps_the_grant_mounted_in_a_running_container(t
     )
     try:
         assert container.stdout is not None and container.stdout.readline().strip() == "mounted"
-        assert await driver.prepare("ns", "c", "u1") == first
+        await act()
         out, _ = container.communicate("go\n")
     finally:
         if container.poll() is None:
             container.kill()
             container.wait()
-    assert out.strip() == "1", "the container's grant mount is gone after the repeat prepare"
+    return out.strip() == "1"
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs root and unshare -m (a mount namespace of its own)")
+async def test_a_repeat_prepare_keeps_the_grant_mounted_in_a_running_container(tmp_path):
+    """Found by review, 1 Dec: a container's read-only mount of the grant (another mount
+    namespace) was gone after the claim's repeat prepare; the kernel unmounts a mount point
+    another namespace renames a file over."""
+    driver, _, _, grant, first = await prepared(tmp_path)
+
+    async def repeat() -> None:
+        assert await driver.prepare("ns", "c", "u1") == first
+
+    assert await mount_survives(grant, tmp_path, repeat), "the container's grant mount is gone after the repeat prepare"
 
 
 async def test_a_link_at_the_grant_name_is_refused_and_never_followed(tmp_path):
